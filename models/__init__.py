@@ -1,0 +1,1 @@
+"""Physics of rollout: step latency, batch completion, transition costs, training time."""

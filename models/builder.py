@@ -1,0 +1,60 @@
+"""Assemble the performance models of one experiment from its validated config.
+
+The only file I/O here is reading the engine profile named by the experiment; everything
+returned is a frozen value the planner can use without touching disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.config import ExperimentSpec, profile_path
+from models.predictor import RolloutPredictor, batch_shape
+from models.step_latency import EngineProfile, StepLatencyModel, load_profile
+from models.transition import TransitionCosts, transition_costs
+
+
+@dataclass(frozen=True)
+class ExperimentModels:
+    spec: ExperimentSpec
+    profile: EngineProfile
+    rollout_gpu: str
+    tp_colocated: int
+    tp_prefill: int
+    tp_decode: int
+    predictor: RolloutPredictor
+    costs: TransitionCosts
+
+
+def rollout_gpu_type(spec: ExperimentSpec) -> str:
+    for group in spec.cluster.nodes:
+        if group.pool in ("rollout", "elastic"):
+            return group.gpu
+    return spec.cluster.nodes[0].gpu
+
+
+def step_model(spec: ExperimentSpec, profile: EngineProfile, tp: int) -> StepLatencyModel:
+    gpu = rollout_gpu_type(spec)
+    return StepLatencyModel(spec.model, spec.gpu(gpu), tp, profile)
+
+
+def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0) -> ExperimentModels:
+    """Predictor and transition costs for the experiment (TP: the smallest allowed per role)."""
+    profile = profile or load_profile(profile_path(spec))
+    tp = spec.cluster.tp
+    tc, tpp, tpd = tp.colocated[0], tp.prefill[0], tp.decode[0]
+    gpu = rollout_gpu_type(spec)
+    predictor = RolloutPredictor(
+        shape=batch_shape(spec.workload, batch, env_scale),
+        colocated_engine=step_model(spec, profile, tc),
+        prefill_engine=step_model(spec, profile, tpp),
+        decode_engine=step_model(spec, profile, tpd),
+        kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
+    )
+    costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))
+    return ExperimentModels(spec, profile, gpu, tc, tpp, tpd, predictor, costs)
+
+
+def rollout_gpu_count(spec: ExperimentSpec, include_elastic: bool = True) -> int:
+    n = spec.cluster.gpus_in_pool("rollout")
+    return n + (spec.cluster.gpus_in_pool("elastic") if include_elastic else 0)

@@ -1,0 +1,431 @@
+"""Typed configuration: YAML files validated by pydantic at load time.
+
+This is the project's only config edge: everything past `load_experiment` works on the
+validated, frozen objects defined here. Bad input raises `ConfigError`, which names the
+file, the field, the bad value and what is allowed, so the CLI can print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ConfigError(Exception):
+    """One clear, user-facing message about bad input; never shown with a traceback."""
+
+    def __init__(self, file: str | Path, field: str, value: Any, allowed: str) -> None:
+        self.file, self.field, self.value, self.allowed = str(file), field, value, allowed
+        super().__init__(f"{file}: field '{field}': got {value!r}; allowed: {allowed}")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ----------------------------------------------------------------------------- hardware
+class GPUSpec(Frozen):
+    """Datasheet numbers of one accelerator (or of this CPU machine class, measured)."""
+
+    bf16_tflops: PositiveFloat
+    hbm_tb_s: PositiveFloat
+    memory_gib: PositiveFloat
+    intra_node_gb_s: PositiveFloat = Field(description="per-GPU NVLink / intra-node bandwidth")
+    pcie_gb_s: PositiveFloat = 32.0
+
+
+class HardwareCatalog(Frozen):
+    gpus: dict[str, GPUSpec]
+
+
+# ----------------------------------------------------------------------------- LLMs
+class MoESpec(Frozen):
+    experts: PositiveInt
+    active_experts: PositiveInt
+    expert_ffn: PositiveInt
+
+    @model_validator(mode="after")
+    def _active_le_total(self) -> "MoESpec":
+        if self.active_experts > self.experts:
+            raise ValueError("active_experts must be <= experts")
+        return self
+
+
+class LLMSpec(Frozen):
+    """Architecture numbers that drive FLOP and byte counts."""
+
+    layers: PositiveInt
+    hidden: PositiveInt
+    q_heads: PositiveInt
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    ffn: PositiveInt = Field(description="dense FFN width (per expert width lives in moe)")
+    vocab: PositiveInt
+    params_b: PositiveFloat = Field(description="total parameters, billions")
+    dtype_bytes: Literal[1, 2, 4] = 2
+    moe: MoESpec | None = None
+    hf_architecture: str | None = None
+
+
+class LLMCatalog(Frozen):
+    models: dict[str, LLMSpec]
+
+
+# ----------------------------------------------------------------------------- workload
+class Distribution(Frozen):
+    """A positive random quantity: constant, uniform(min,max), normal/lognormal(mean, cv), exponential(mean).
+
+    Values are clipped to [min, max] when those are set.
+    """
+
+    kind: Literal["constant", "uniform", "normal", "lognormal", "exponential"] = "constant"
+    mean: NonNegFloat = 0.0
+    cv: NonNegFloat = 0.0
+    min: NonNegFloat | None = None
+    max: NonNegFloat | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Distribution":
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.kind == "uniform" and (self.min is None or self.max is None):
+            raise ValueError("uniform needs both min and max")
+        return self
+
+    def quantile(self, q: float) -> float:
+        """Inverse CDF (used to build deterministic, sorted 'typical' batches)."""
+        q = min(max(q, 1e-9), 1 - 1e-9)
+        if self.kind == "constant":
+            v = self.mean
+        elif self.kind == "uniform":
+            assert self.min is not None and self.max is not None
+            v = self.min + q * (self.max - self.min)
+        elif self.kind == "exponential":
+            v = -self.mean * math.log(1 - q)
+        else:
+            from statistics import NormalDist
+
+            z = NormalDist().inv_cdf(q)
+            if self.kind == "normal":
+                v = self.mean * (1 + self.cv * z)
+            else:
+                sigma2 = math.log(1 + self.cv**2)
+                mu = math.log(max(self.mean, 1e-12)) - sigma2 / 2
+                v = math.exp(mu + math.sqrt(sigma2) * z)
+        return self._clip(v)
+
+    def _clip(self, v: float) -> float:
+        if self.min is not None:
+            v = max(v, self.min)
+        if self.max is not None:
+            v = min(v, self.max)
+        return max(v, 0.0)
+
+    def expected(self) -> float:
+        """Mean after clipping, by quantile quadrature (exact enough for planning)."""
+        n = 64
+        return sum(self.quantile((i + 0.5) / n) for i in range(n)) / n
+
+    def sample(self, rng: Any, size: int | None = None) -> Any:
+        """Draw with a numpy Generator; same clipping as quantile()."""
+        import numpy as np
+
+        if self.kind == "constant":
+            v = np.full(size or 1, self.mean, dtype=float)
+        elif self.kind == "uniform":
+            v = rng.uniform(self.min, self.max, size or 1)
+        elif self.kind == "exponential":
+            v = rng.exponential(self.mean, size or 1)
+        elif self.kind == "normal":
+            v = rng.normal(self.mean, self.mean * self.cv, size or 1)
+        else:
+            sigma2 = math.log(1 + self.cv**2)
+            mu = math.log(max(self.mean, 1e-12)) - sigma2 / 2
+            v = rng.lognormal(mu, math.sqrt(sigma2), size or 1)
+        lo = self.min if self.min is not None else 0.0
+        hi = self.max if self.max is not None else np.inf
+        v = np.clip(v, lo, hi)
+        return v if size is not None else float(v[0])
+
+
+class WorkloadSpec(Frozen):
+    """An agentic rollout batch: B trajectories of several turns each.
+
+    Turn k of a trajectory prefills the new tokens (tool observation; earlier context is a
+    prefix-cache hit), decodes a response, then waits on the environment.
+    """
+
+    trajectories_per_batch: PositiveInt
+    group_size: PositiveInt = 1
+    turns: Distribution
+    initial_prompt_tokens: Distribution
+    new_tokens_per_turn: Distribution
+    response_tokens_per_turn: Distribution
+    env_latency_s: Distribution
+    max_trajectory_tokens: PositiveInt = 32768
+
+    @model_validator(mode="after")
+    def _group_divides(self) -> "WorkloadSpec":
+        if self.trajectories_per_batch % self.group_size:
+            raise ValueError(
+                f"trajectories_per_batch ({self.trajectories_per_batch}) must be a multiple of group_size ({self.group_size})"
+            )
+        if self.turns.quantile(0.0) < 1:
+            raise ValueError("turns must be >= 1 (set turns.min: 1)")
+        return self
+
+
+# ----------------------------------------------------------------------------- cluster
+Pool = Literal["training", "rollout", "elastic"]
+
+
+class NodeGroup(Frozen):
+    count: PositiveInt
+    gpus_per_node: PositiveInt
+    gpu: str
+    pool: Pool
+
+
+class TPDegrees(Frozen):
+    colocated: list[PositiveInt] = [1]
+    prefill: list[PositiveInt] = [1]
+    decode: list[PositiveInt] = [1]
+
+    @field_validator("colocated", "prefill", "decode")
+    @classmethod
+    def _pow2(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("at least one TP degree")
+        for d in v:
+            if d & (d - 1):
+                raise ValueError(f"TP degree {d} is not a power of two")
+        return sorted(set(v))
+
+
+class ClusterSpec(Frozen):
+    nodes: list[NodeGroup]
+    tp: TPDegrees = TPDegrees()
+    inter_node_gb_s: PositiveFloat = Field(100.0, description="per-GPU network bandwidth between nodes (800 Gbps IB = 100)")
+    storage_gb_s: PositiveFloat = Field(2.0, description="weight load bandwidth from storage, per node")
+
+    def gpus_in_pool(self, pool: str) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.nodes if g.pool == pool)
+
+
+# ----------------------------------------------------------------------------- costs, policy, solver, trace
+class TransitionCostsSpec(Frozen):
+    """Measured transition costs (seconds). Unset values come from the physical model."""
+
+    expand_prepare_s: NonNegFloat | None = None
+    expand_finalize_s: NonNegFloat | None = None
+    borrow_s: NonNegFloat | None = None
+    return_s: NonNegFloat | None = None
+    role_switch_s: NonNegFloat | None = None
+    engine_start_s: NonNegFloat | None = None
+
+
+class CostWeights(Frozen):
+    transition_weight: NonNegFloat = 1.0
+    ratio_change_margin: NonNegFloat = Field(0.03, description="relative gain needed to change the P:D ratio")
+    mode_switch_margin: NonNegFloat = Field(0.08, description="relative gain needed to switch colocated <-> disaggregated")
+    borrow_threshold_s: NonNegFloat = Field(0.0, description="extra benefit a borrow must beat beyond lend+return cost")
+    horizon_batches: PositiveFloat = Field(1.0, description="batches over which a switch's gain is counted")
+
+
+class SolverSpec(Frozen):
+    backend: Literal["cpsat", "highs", "cbc", "scip", "pulp"] = "cpsat"
+    time_limit_s: PositiveFloat = 1.0
+    workers: PositiveInt = 8
+
+
+class TraceSpec(Frozen):
+    """How a real instance-count trace maps onto elastic GPUs (the mapping is config, never code)."""
+
+    path: str
+    format: Literal["auto", "skypilot", "bamboo-count", "bamboo-events"] = "auto"
+    gpus_per_instance: PositiveInt = 1
+    time_scale: PositiveFloat = Field(1.0, description="trace seconds per simulated second (>1 compresses)")
+    max_gpus: PositiveInt | None = None
+    scale_to_pool: bool = Field(False, description="rescale the trace's peak to the elastic pool size")
+    offset_hours: NonNegFloat = 0.0
+    hours: PositiveFloat | None = None
+    sample_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+
+class TrainingSpec(Frozen):
+    mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
+    staleness: Annotated[int, Field(ge=0)] = 1
+    optimizer_overhead_s: NonNegFloat = 5.0
+
+
+class PolicySpec(Frozen):
+    name: str = "pearl"
+
+
+class ExperimentSpec(Frozen):
+    """The resolved experiment: every part looked up by name and validated."""
+
+    name: str
+    source: str
+    hardware: HardwareCatalog
+    model_name: str
+    model: LLMSpec
+    workload: WorkloadSpec
+    cluster: ClusterSpec
+    profile_name: str
+    costs: CostWeights
+    transition_costs: TransitionCostsSpec
+    solver: SolverSpec
+    training: TrainingSpec
+    policy: PolicySpec
+    trace: TraceSpec | None
+    seed: int
+
+    def gpu(self, name: str) -> GPUSpec:
+        return self.hardware.gpus[name]
+
+
+class ExperimentFile(Frozen):
+    """What a `configs/experiments/*.yaml` file holds: names of parts plus overrides."""
+
+    name: str
+    model: str
+    workload: str
+    cluster: str
+    profile: str | None = None
+    costs: CostWeights = CostWeights()
+    transition_costs: TransitionCostsSpec = TransitionCostsSpec()
+    solver: SolverSpec = SolverSpec()
+    training: TrainingSpec = TrainingSpec()
+    policy: PolicySpec = PolicySpec()
+    trace: TraceSpec | None = None
+    seed: int = 0
+    workload_overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(path, "<file>", str(path), "an existing YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "?"
+        raise ConfigError(path, "<yaml>", where, f"valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<top level>", type(data).__name__, "a mapping of fields")
+    return data
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        field = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "<top level>"
+        value = err.get("input")
+        if err["type"] == "missing":
+            value = "<missing>"
+        allowed = err["msg"]
+        if err["type"] == "extra_forbidden":
+            allowed = f"one of {sorted(model.model_fields)}" if not loc.count(".") else "a known field"
+        raise ConfigError(path, field, value, allowed) from None
+
+
+def _resolve(root: Path, kind: str, name: str, file: Path, field: str) -> Path:
+    cand = root / kind / f"{name}.yaml"
+    if cand.exists():
+        return cand
+    avail = sorted(p.stem for p in (root / kind).glob("*.yaml"))
+    raise ConfigError(file, field, name, f"one of {avail}")
+
+
+def load_hardware(root: Path = CONFIG_ROOT) -> HardwareCatalog:
+    path = root / "hardware.yaml"
+    return _validate(HardwareCatalog, _read_yaml(path), path)
+
+
+def load_llms(root: Path = CONFIG_ROOT) -> LLMCatalog:
+    path = root / "llms.yaml"
+    return _validate(LLMCatalog, _read_yaml(path), path)
+
+
+def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpec:
+    """Load an experiment file and everything it names; raise ConfigError on the first problem."""
+    path = Path(path)
+    exp_data = _read_yaml(path)
+    exp = _validate(ExperimentFile, exp_data, path)
+    root = root or (path.resolve().parent.parent if path.resolve().parent.name == "experiments" else CONFIG_ROOT)
+    hardware = load_hardware(root)
+    llms = load_llms(root)
+    if exp.model not in llms.models:
+        raise ConfigError(path, "model", exp.model, f"one of {sorted(llms.models)}")
+    wpath = _resolve(root, "workloads", exp.workload, path, "workload")
+    wdata = _read_yaml(wpath)
+    if exp.workload_overrides:
+        unknown = sorted(set(exp.workload_overrides) - set(WorkloadSpec.model_fields))
+        if unknown:
+            raise ConfigError(path, f"workload_overrides.{unknown[0]}", unknown[0], f"one of {sorted(WorkloadSpec.model_fields)}")
+        wdata = {**wdata, **exp.workload_overrides}
+    workload = _validate(WorkloadSpec, wdata, wpath if not exp.workload_overrides else path)
+    cpath = _resolve(root, "clusters", exp.cluster, path, "cluster")
+    cluster = _validate(ClusterSpec, _read_yaml(cpath), cpath)
+    for i, group in enumerate(cluster.nodes):
+        if group.gpu not in hardware.gpus:
+            raise ConfigError(cpath, f"nodes.{i}.gpu", group.gpu, f"one of {sorted(hardware.gpus)}")
+        for role, degrees in (("colocated", cluster.tp.colocated), ("prefill", cluster.tp.prefill), ("decode", cluster.tp.decode)):
+            if max(degrees) > group.gpus_per_node:
+                raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node ({group.gpus_per_node}): TP stays inside a node")
+    if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes) and cluster.gpus_in_pool("training") == 0:
+        raise ConfigError(cpath, "nodes", "[]", "at least one GPU")
+    profile_name = exp.profile or default_profile_name(cluster.nodes[0].gpu, exp.model)
+    ppath = root / "profiles" / f"{profile_name}.json"
+    if not ppath.exists():
+        avail = sorted(p.stem for p in (root / "profiles").glob("*.json"))
+        raise ConfigError(path, "profile", profile_name, f"one of {avail}")
+    trace = exp.trace
+    if trace is not None:
+        tpath = Path(trace.path)
+        if not tpath.is_absolute():
+            tpath = (root.parent / trace.path).resolve()
+            trace = trace.model_copy(update={"path": str(tpath)})
+    return ExperimentSpec(
+        name=exp.name,
+        source=str(path),
+        hardware=hardware,
+        model_name=exp.model,
+        model=llms.models[exp.model],
+        workload=workload,
+        cluster=cluster,
+        profile_name=profile_name,
+        costs=exp.costs,
+        transition_costs=exp.transition_costs,
+        solver=exp.solver,
+        training=exp.training,
+        policy=exp.policy,
+        trace=trace,
+        seed=exp.seed,
+    )
+
+
+def default_profile_name(gpu: str, model: str) -> str:
+    return f"{gpu.lower()}-{model.lower()}"
+
+
+def profile_path(spec: ExperimentSpec) -> Path:
+    root = Path(spec.source).resolve().parent.parent
+    if not (root / "profiles").exists():
+        root = CONFIG_ROOT
+    return root / "profiles" / f"{spec.profile_name}.json"

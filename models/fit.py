@@ -1,0 +1,167 @@
+"""Fit step-latency coefficients to measured step timings.
+
+Non-negative least squares (every term is a physical cost, so no coefficient may be
+negative) on relative error: each row is divided by its measured time, so the fit
+minimises percentage error, which is what MAPE reports. A deterministic held-out part
+of the grid measures generalisation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Literal
+
+import numpy as np
+from scipy.optimize import nnls
+
+from models.config import GPUSpec, LLMSpec
+from models.step_latency import FEATURES, EngineProfile, StepCoefficients, StepShape, step_features
+
+SAMPLE_FIELDS = ("kind", "prefill_tokens", "prefill_requests", "prefill_prefix_tokens", "decode_seqs", "decode_context_tokens", "seconds")
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step (or a per-step average over several identical steps)."""
+
+    kind: Literal["prefill", "decode"]
+    prefill_tokens: float
+    prefill_requests: float
+    prefill_prefix_tokens: float
+    decode_seqs: float
+    decode_context_tokens: float
+    seconds: float
+
+    def shape(self) -> StepShape:
+        return StepShape(self.prefill_tokens, self.prefill_requests, self.prefill_prefix_tokens, self.decode_seqs, self.decode_context_tokens)
+
+
+def read_samples(path: str | Path) -> tuple[dict, list[StepSample]]:
+    """JSONL: first line a header object {"header": {...}}, then one sample object per line."""
+    from models.config import ConfigError
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(path, "<file>", str(path), "an existing samples JSONL written by `pearl profile`")
+    header: dict = {}
+    samples: list[StepSample] = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(path, f"line {lineno}", line[:60], "one JSON object per line") from None
+        if "header" in obj:
+            header = obj["header"]
+            continue
+        missing = [f for f in SAMPLE_FIELDS if f not in obj]
+        if missing:
+            raise ConfigError(path, f"line {lineno}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
+        if obj["kind"] not in ("prefill", "decode") or not obj["seconds"] > 0:
+            raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode and seconds > 0")
+        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}))
+    if not samples:
+        raise ConfigError(path, "<samples>", 0, "at least one sample line")
+    return header, samples
+
+
+def write_samples(path: str | Path, header: dict, samples: Iterable[StepSample]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fh.write(json.dumps({"header": header}) + "\n")
+        for s in samples:
+            fh.write(json.dumps({f: getattr(s, f) for f in SAMPLE_FIELDS}) + "\n")
+
+
+def _design(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([step_features(s.shape(), llm, gpu, tp) for s in samples])
+    y = np.array([s.seconds for s in samples])
+    return x, y
+
+
+def fit_coefficients(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int, features: tuple[str, ...] = FEATURES) -> StepCoefficients:
+    """NNLS on relative error over the chosen features (others fixed at 0)."""
+    x, y = _design(samples, llm, gpu, tp)
+    idx = [FEATURES.index(f) for f in features]
+    a = x[:, idx] / y[:, None]
+    b = np.ones_like(y)
+    # Column scaling keeps NNLS well conditioned when terms differ by orders of magnitude.
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    sol, _ = nnls(a / scale, b, maxiter=2000)
+    coef = np.zeros(len(FEATURES))
+    coef[idx] = sol / scale
+    return StepCoefficients.from_vector(coef)
+
+
+def mape(samples: list[StepSample], coeffs: StepCoefficients, llm: LLMSpec, gpu: GPUSpec, tp: int) -> float:
+    if not samples:
+        return float("nan")
+    x, y = _design(samples, llm, gpu, tp)
+    pred = x @ coeffs.vector()
+    return float(np.mean(np.abs(pred - y) / y) * 100)
+
+
+def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepSample], list[StepSample]]:
+    """Deterministic split: every `every`-th sample (per kind) is held out."""
+    train: list[StepSample] = []
+    test: list[StepSample] = []
+    for kind in ("prefill", "decode"):
+        group = [s for s in samples if s.kind == kind]
+        for i, s in enumerate(group):
+            (test if every and i % every == every - 1 else train).append(s)
+    return train, test
+
+
+@dataclass(frozen=True)
+class FitReport:
+    profile: EngineProfile
+    train_mape: dict[str, float]
+    holdout_mape: dict[str, float]
+    n_train: dict[str, int]
+    n_holdout: dict[str, int]
+
+
+def fit_profile(
+    samples: list[StepSample],
+    llm: LLMSpec,
+    gpu: GPUSpec,
+    tp: int,
+    name: str,
+    hardware: str,
+    model: str,
+    machine: str = "",
+    holdout_every: int = 4,
+) -> FitReport:
+    """Fit prefill and decode coefficient sets and report MAPE on train and held-out samples."""
+    train, test = split_holdout(samples, holdout_every)
+    coeffs: dict[str, StepCoefficients] = {}
+    tr_m: dict[str, float] = {}
+    ho_m: dict[str, float] = {}
+    n_tr: dict[str, int] = {}
+    n_ho: dict[str, int] = {}
+    for kind in ("prefill", "decode"):
+        tr = [s for s in train if s.kind == kind]
+        ho = [s for s in test if s.kind == kind]
+        if not tr:
+            raise ValueError(f"no {kind} samples to fit")
+        c = fit_coefficients(tr, llm, gpu, tp)
+        coeffs[kind] = c
+        tr_m[kind] = mape(tr, c, llm, gpu, tp)
+        ho_m[kind] = mape(ho, c, llm, gpu, tp)
+        n_tr[kind], n_ho[kind] = len(tr), len(ho)
+    profile = EngineProfile(
+        name=name,
+        hardware=hardware,
+        model=model,
+        label="measured",
+        prefill=coeffs["prefill"],
+        decode=coeffs["decode"],
+        machine=machine,
+        notes=f"fitted by `pearl fit` on {len(samples)} samples (tp={tp})",
+        fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
+    )
+    return FitReport(profile, tr_m, ho_m, n_tr, n_ho)

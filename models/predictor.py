@@ -1,0 +1,208 @@
+"""Rollout-batch completion time under colocation or prefill/decode disaggregation.
+
+The batch is viewed turn by turn along its slowest trajectory (the one with the most
+turns; the batch finishes when it does). At turn k, B_k trajectories are still running
+(the long tail: B_k shrinks as short trajectories finish). Each turn a trajectory
+prefills only its new tokens (earlier turns are a prefix-cache hit), decodes r tokens,
+then waits on the environment, holding no decode slot.
+
+Decode concurrency is not B/N: by Little's law only the fraction of trajectories that
+are decoding (rather than waiting on tools or prefill) sits in the batch, and that
+fraction depends on how fast decode steps are, which depends on the concurrency. Each
+turn solves this fixed point:
+
+    c = m * D / T,   D = r * tau(c) / (1 - phi),   T = max(T_env + t_p + D, busy)
+
+with m trajectories per instance, tau(c) the decode step time at concurrency c,
+phi = P / T the share of engine time spent prefilling (0 on decode-only instances; in
+colocation prefills stall decodes: work-conserving), busy = P + m r tau(c) / c the
+engine's work per turn. Concurrency is capped by the KV cache that fits in memory.
+
+Disaggregation is split into two separable paths so that the planner's integer program
+stays exact and linear (completion = max of the two, like the paper's Eq. 2-3):
+  decode path   T_D(N_D): the fixed point above with phi = 0, plus unloaded prefill and
+                the KV transfer of each turn's new tokens on the trajectory's path;
+  prefill path  T_P(N_P): every turn's batched prefills and KV sends on N_P instances,
+                plus the last turn's own decode and tool wait.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models import architecture as arch
+from models.config import WorkloadSpec
+from models.step_latency import StepLatencyModel
+
+FIXED_POINT_ITERS = 40
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """A deterministic, turn-indexed view of one rollout batch (quantiles, not samples)."""
+
+    batch: int
+    active: np.ndarray  # (K,) trajectories still running at turn k (>= 1: the slowest one)
+    new_tokens: np.ndarray  # (K,) tokens prefilled at turn k (turn 0: the initial prompt)
+    prefix_tokens: np.ndarray  # (K,) cached context before turn k
+    response_tokens: float
+    env_s: float
+
+    @property
+    def turns(self) -> int:
+        return int(self.active.shape[0])
+
+    def generated_tokens(self) -> float:
+        return float(self.active.sum() * self.response_tokens)
+
+
+def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: float = 1.0) -> BatchShape:
+    """Turn-indexed batch from the workload's distributions (B quantiles of the turn count)."""
+    b = batch or workload.trajectories_per_batch
+    q = (np.arange(b) + 0.5) / b
+    turns = np.array([max(1, round(workload.turns.quantile(x))) for x in q])
+    k_max = int(turns.max())
+    active = np.array([(turns >= k + 1).sum() for k in range(k_max)], dtype=float)
+    r = workload.response_tokens_per_turn.expected()
+    first = workload.initial_prompt_tokens.expected()
+    per_turn = workload.new_tokens_per_turn.expected()
+    new = np.full(k_max, per_turn)
+    new[0] = first
+    prefix = np.concatenate([[0.0], np.cumsum(new[:-1] + r)])
+    cap = float(workload.max_trajectory_tokens)
+    prefix = np.minimum(prefix, cap)
+    new = np.minimum(new, np.maximum(cap - prefix, 1.0))
+    return BatchShape(b, active, new, prefix, r, workload.env_latency_s.expected() * env_scale)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    completion_s: float
+    mode: str  # "colocated" | "disaggregated"
+    instances: int = 0
+    prefill: int = 0
+    decode: int = 0
+    prefill_path_s: float = 0.0
+    decode_path_s: float = 0.0
+    mean_concurrency: float = 0.0
+
+
+@dataclass(frozen=True)
+class RolloutPredictor:
+    """Predicts batch completion for one workload on engines of given step models.
+
+    kv_link_gb_s is the bandwidth a prefill instance sends KV with (per instance).
+    """
+
+    shape: BatchShape
+    colocated_engine: StepLatencyModel
+    prefill_engine: StepLatencyModel
+    decode_engine: StepLatencyModel
+    kv_link_gb_s: float
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    # -- per-turn constants (independent of instance counts), computed once
+    def _decode_affine(self, engine: StepLatencyModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """tau(c) = a + b*c + w*experts_touched(c) per turn; exact for the step model."""
+        key = ("affine", id(engine))
+        if key not in self._cache:
+            s = self.shape
+            ctx = s.prefix_tokens + s.new_tokens + s.response_tokens / 2.0
+            w = engine.profile.decode.weights * arch.expert_params(engine.llm) * engine.llm.dtype_bytes / (engine.gpu.hbm_tb_s * 1e12 * engine.tp)
+            t1 = engine.decode_time(1.0, ctx) - w * arch.experts_touched(engine.llm, 1.0)
+            t2 = engine.decode_time(2.0, ctx) - w * arch.experts_touched(engine.llm, 2.0)
+            cap = engine.kv_capacity_tokens() / (s.prefix_tokens + s.new_tokens + s.response_tokens)
+            self._cache[key] = (t1 - (t2 - t1), t2 - t1, cap, float(w))
+        return self._cache[key]
+
+    def _tau(self, engine: StepLatencyModel, c: np.ndarray) -> np.ndarray:
+        a, b, _, w = self._decode_affine(engine)
+        return a + b * c + w * arch.experts_touched(engine.llm, c)
+
+    def _single_prefill(self, engine: StepLatencyModel) -> np.ndarray:
+        key = ("p1", id(engine))
+        if key not in self._cache:
+            s = self.shape
+            self._cache[key] = engine.prefill_time(s.new_tokens, 1.0, s.prefix_tokens)
+        return self._cache[key]
+
+    def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
+        return tokens * arch.kv_bytes_per_token(engine.llm) / (self.kv_link_gb_s * 1e9)
+
+    # -- the fixed point, vectorised over candidates (rows) and turns (columns)
+    def _turn_times(self, engine: StepLatencyModel, m: np.ndarray, prefill_busy: np.ndarray, fixed_path: np.ndarray, interfere: bool) -> tuple[np.ndarray, np.ndarray]:
+        r = self.shape.response_tokens
+        _, _, cap, _ = self._decode_affine(engine)
+        cap = np.broadcast_to(cap, m.shape)
+        c = np.minimum(m, cap)
+        t = fixed_path + r * self._tau(engine, np.maximum(c, 1.0)) + prefill_busy
+        for _ in range(FIXED_POINT_ITERS):
+            cc = np.maximum(c, 1.0)
+            tau = self._tau(engine, cc)
+            phi = np.minimum(prefill_busy / t, 0.95) if interfere else 0.0
+            d = r * tau / (1.0 - phi)
+            path = fixed_path + d
+            busy = prefill_busy + m * r * tau / cc
+            t = np.maximum(path, busy)
+            c_new = np.minimum(m * d / t, cap)
+            c = 0.5 * c + 0.5 * c_new
+        t = np.where(cap < 1.0, np.inf, t)
+        return t, c
+
+    def colocated_many(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Completion (s) and mean decode concurrency for each instance count in n."""
+        eng = self.colocated_engine
+        s = self.shape
+        n = np.asarray(n, dtype=float)[:, None]
+        m = np.maximum(s.active[None, :] / n, 1.0)
+        p_busy = eng.prefill_time(m * s.new_tokens, m, m * s.prefix_tokens)
+        fixed = s.env_s + self._single_prefill(eng)[None, :]
+        t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
+        return t.sum(axis=1), c.mean(axis=1)
+
+    def decode_path_many(self, n_d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        eng = self.decode_engine
+        s = self.shape
+        n = np.asarray(n_d, dtype=float)[:, None]
+        m = np.maximum(s.active[None, :] / n, 1.0)
+        fixed = s.env_s + self._single_prefill(self.prefill_engine)[None, :] + self._kv_send_s(s.new_tokens, self.prefill_engine)[None, :]
+        t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
+        return t.sum(axis=1), c.mean(axis=1)
+
+    def prefill_path_many(self, n_p: np.ndarray) -> np.ndarray:
+        eng = self.prefill_engine
+        s = self.shape
+        n = np.asarray(n_p, dtype=float)[:, None]
+        m = s.active[None, :] / n
+        busy = eng.prefill_time(m * s.new_tokens, np.maximum(m, 1.0), m * s.prefix_tokens)
+        send = self._kv_send_s(m * s.new_tokens, eng)
+        last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
+        return (busy + send).sum(axis=1) + last
+
+    # -- scalar conveniences
+    def colocated(self, n: int) -> Prediction:
+        if n < 1:
+            return Prediction(math.inf, "colocated", instances=n)
+        t, c = self.colocated_many(np.array([n]))
+        return Prediction(float(t[0]), "colocated", instances=n, mean_concurrency=float(c[0]))
+
+    def disaggregated(self, n_p: int, n_d: int) -> Prediction:
+        if n_p < 1 or n_d < 1:
+            return Prediction(math.inf, "disaggregated", prefill=n_p, decode=n_d)
+        tp_ = float(self.prefill_path_many(np.array([n_p]))[0])
+        td, c = self.decode_path_many(np.array([n_d]))
+        return Prediction(max(tp_, float(td[0])), "disaggregated", prefill=n_p, decode=n_d, prefill_path_s=tp_, decode_path_s=float(td[0]), mean_concurrency=float(c[0]))
+
+    def best_disaggregated(self, total: int) -> Prediction:
+        """Best split of `total` instances into prefill + decode (each >= 1)."""
+        if total < 2:
+            return Prediction(math.inf, "disaggregated")
+        n_p = np.arange(1, total)
+        tp_ = self.prefill_path_many(n_p)
+        td, c = self.decode_path_many(total - n_p)
+        t = np.maximum(tp_, td)
+        i = int(np.argmin(t))
+        return Prediction(float(t[i]), "disaggregated", prefill=int(n_p[i]), decode=int(total - n_p[i]), prefill_path_s=float(tp_[i]), decode_path_s=float(td[i]), mean_concurrency=float(c[i]))

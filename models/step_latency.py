@@ -1,0 +1,195 @@
+"""Step latency of one engine instance: roofline terms times fitted coefficients.
+
+A step is what a continuous-batching engine runs in one forward pass: some new prefill
+tokens (possibly on top of a cached prefix) and some decode sequences. Its time is
+
+    t = fixed + sum_i c_i * feature_i
+
+where each feature is a datasheet time (FLOPs / peak, bytes / bandwidth) and each c_i >= 0
+is fitted to measurements (`pearl fit`). Prefill-bearing and decode-only steps have their
+own coefficient sets because their kernels reach very different efficiency.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from models import architecture as arch
+from models.config import GPUSpec, LLMSpec
+
+FEATURES: tuple[str, ...] = ("fixed", "compute", "attn", "weights", "kv", "comm")
+StepKind = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one forward step processes. Arrays allowed (one entry per step)."""
+
+    prefill_tokens: np.ndarray | float = 0.0
+    prefill_requests: np.ndarray | float = 0.0
+    prefill_prefix_tokens: np.ndarray | float = 0.0  # cached context the new tokens attend to (summed over requests)
+    decode_seqs: np.ndarray | float = 0.0
+    decode_context_tokens: np.ndarray | float = 0.0  # summed over decode sequences
+
+    def attended_pairs(self) -> np.ndarray:
+        """(query, key) pairs: new tokens attend to their prefix and causally to each other; decodes to their context."""
+        p = np.asarray(self.prefill_tokens, dtype=float)
+        r = np.maximum(np.asarray(self.prefill_requests, dtype=float), 1.0)
+        prefix = np.asarray(self.prefill_prefix_tokens, dtype=float)
+        per_req = p / r
+        prefill_pairs = p * (prefix / r) + r * per_req * (per_req + 1) / 2
+        prefill_pairs = np.where(p > 0, prefill_pairs, 0.0)
+        return prefill_pairs + np.asarray(self.decode_context_tokens, dtype=float)
+
+
+def step_features(shape: StepShape, llm: LLMSpec, gpu: GPUSpec, tp: int) -> np.ndarray:
+    """Datasheet times (s) of each term, shape (..., len(FEATURES))."""
+    p = np.asarray(shape.prefill_tokens, dtype=float)
+    d = np.asarray(shape.decode_seqs, dtype=float)
+    tokens = p + d
+    sampled = np.asarray(shape.prefill_requests, dtype=float) + d
+    peak = gpu.bf16_tflops * 1e12 * tp
+    hbm = gpu.hbm_tb_s * 1e12 * tp
+    kv_tokens = np.asarray(shape.prefill_prefix_tokens, dtype=float) + np.asarray(shape.decode_context_tokens, dtype=float) + tokens
+    cols = [
+        np.ones_like(tokens),
+        arch.matmul_flops(llm, tokens, sampled) / peak,
+        arch.attention_flops(llm, tokens, shape.attended_pairs()) / peak,
+        arch.weight_bytes_read(llm, tokens) / hbm,
+        arch.kv_bytes_per_token(llm) * kv_tokens / hbm,
+        arch.tp_allreduce_bytes(llm, tokens, tp) / (gpu.intra_node_gb_s * 1e9),
+    ]
+    return np.stack(np.broadcast_arrays(*cols), axis=-1)
+
+
+@dataclass(frozen=True)
+class StepCoefficients:
+    """Non-negative multipliers of each feature (fixed is in seconds)."""
+
+    fixed: float = 0.0
+    compute: float = 1.0
+    attn: float = 1.0
+    weights: float = 1.0
+    kv: float = 1.0
+    comm: float = 1.0
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, f) for f in FEATURES], dtype=float)
+
+    @classmethod
+    def from_vector(cls, v: np.ndarray) -> "StepCoefficients":
+        return cls(**{f: float(x) for f, x in zip(FEATURES, v)})
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Fitted coefficients of one (hardware, model) engine, with provenance.
+
+    label is 'measured' (fitted to real engine timings) or 'derived' (datasheet-derived,
+    not yet measured on that hardware).
+    """
+
+    name: str
+    hardware: str
+    model: str
+    label: Literal["measured", "derived"]
+    prefill: StepCoefficients
+    decode: StepCoefficients
+    machine: str = ""
+    notes: str = ""
+    fit: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def coefficients(self, kind: StepKind) -> StepCoefficients:
+        return self.prefill if kind == "prefill" else self.decode
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "hardware": self.hardware,
+            "model": self.model,
+            "label": self.label,
+            "machine": self.machine,
+            "notes": self.notes,
+            "coefficients": {
+                "prefill": dict(zip(FEATURES, self.prefill.vector().tolist())),
+                "decode": dict(zip(FEATURES, self.decode.vector().tolist())),
+            },
+            "fit": self.fit,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EngineProfile":
+        c = data["coefficients"]
+        return cls(
+            name=data["name"],
+            hardware=data["hardware"],
+            model=data["model"],
+            label=data["label"],
+            prefill=StepCoefficients(**c["prefill"]),
+            decode=StepCoefficients(**c["decode"]),
+            machine=data.get("machine", ""),
+            notes=data.get("notes", ""),
+            fit=data.get("fit", {}),
+        )
+
+
+def load_profile(path: str | Path) -> EngineProfile:
+    """Read a profile JSON; ConfigError names the file and field on bad input."""
+    from models.config import ConfigError
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(path, "<file>", str(path), "an existing profile JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(path, "<json>", f"line {exc.lineno}", "valid JSON") from None
+    for key in ("name", "hardware", "model", "label", "coefficients"):
+        if key not in data:
+            raise ConfigError(path, key, "<missing>", "a profile field")
+    if data["label"] not in ("measured", "derived"):
+        raise ConfigError(path, "label", data["label"], "'measured' or 'derived'")
+    for kind in ("prefill", "decode"):
+        coeffs = data["coefficients"].get(kind)
+        if not isinstance(coeffs, dict) or set(coeffs) - set(FEATURES):
+            raise ConfigError(path, f"coefficients.{kind}", coeffs, f"a mapping with keys from {list(FEATURES)}")
+        for k, v in coeffs.items():
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(path, f"coefficients.{kind}.{k}", v, "a number >= 0")
+    return EngineProfile.from_json(data)
+
+
+@dataclass(frozen=True)
+class StepLatencyModel:
+    """Step time of one engine instance (one TP group) of a given model on a given GPU."""
+
+    llm: LLMSpec
+    gpu: GPUSpec
+    tp: int
+    profile: EngineProfile
+
+    def step_time(self, shape: StepShape) -> np.ndarray:
+        feats = step_features(shape, self.llm, self.gpu, self.tp)
+        has_prefill = np.asarray(shape.prefill_tokens, dtype=float) > 0
+        tp_ = feats @ self.profile.prefill.vector()
+        td = feats @ self.profile.decode.vector()
+        return np.where(has_prefill, tp_, td)
+
+    def prefill_time(self, tokens: np.ndarray | float, requests: np.ndarray | float = 1.0, prefix_tokens: np.ndarray | float = 0.0) -> np.ndarray:
+        """One prefill step over `tokens` new tokens of `requests` requests on top of cached prefixes."""
+        return self.step_time(StepShape(prefill_tokens=tokens, prefill_requests=requests, prefill_prefix_tokens=prefix_tokens))
+
+    def decode_time(self, seqs: np.ndarray | float, context_tokens_per_seq: np.ndarray | float) -> np.ndarray:
+        """One decode step of `seqs` sequences each holding `context_tokens_per_seq` tokens of KV."""
+        seqs = np.asarray(seqs, dtype=float)
+        return self.step_time(StepShape(decode_seqs=seqs, decode_context_tokens=seqs * np.asarray(context_tokens_per_seq, dtype=float)))
+
+    def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> float:
+        """KV tokens that fit beside the weights on this instance's GPUs."""
+        free = self.gpu.memory_gib * 2**30 * self.tp * memory_utilization - arch.weight_bytes(self.llm)
+        return max(free, 0.0) / arch.kv_bytes_per_token(self.llm)

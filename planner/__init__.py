@@ -1,0 +1,1 @@
+"""Pure planning: ClusterState + predictor + policy -> Decision -> TransitionPlan. No I/O, no Ray."""

@@ -1,0 +1,1 @@
+"""Imperative shell: CLI, simulator, Ray runtime. Depends on planner and models."""
