@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -174,15 +174,21 @@ class WorkloadSpec(Frozen):
     env_latency_s: Distribution
     max_trajectory_tokens: PositiveInt = 32768
 
-    @model_validator(mode="after")
-    def _group_divides(self) -> "WorkloadSpec":
-        if self.trajectories_per_batch % self.group_size:
-            raise ValueError(
-                f"trajectories_per_batch ({self.trajectories_per_batch}) must be a multiple of group_size ({self.group_size})"
-            )
-        if self.turns.quantile(0.0) < 1:
-            raise ValueError("turns must be >= 1 (set turns.min: 1)")
-        return self
+    # Field validators (not a model validator) so that an error names the offending field.
+    @field_validator("group_size")
+    @classmethod
+    def _group_divides(cls, v: int, info: Any) -> int:
+        batch = info.data.get("trajectories_per_batch")
+        if batch is not None and batch % v:
+            raise ValueError(f"a divisor of trajectories_per_batch ({batch}), e.g. {[d for d in range(1, batch + 1) if batch % d == 0][-3:]}")
+        return v
+
+    @field_validator("turns")
+    @classmethod
+    def _at_least_one_turn(cls, v: Distribution) -> Distribution:
+        if v.quantile(0.0) < 1:
+            raise ValueError("a distribution whose values are >= 1 (set turns.min: 1)")
+        return v
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -328,6 +334,28 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds, looking inside Optional / list / dict / Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The (nested) model that owns the field at `loc` (list indices and dict keys are skipped)."""
+    cur = model
+    for part in loc:
+        if isinstance(part, str) and part in cur.model_fields:
+            sub = _model_in(cur.model_fields[part].annotation)
+            if sub is not None:
+                cur = sub
+    return cur
+
+
 def _validate(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: str = "") -> Any:
     try:
         return model.model_validate(data)
@@ -336,11 +364,13 @@ def _validate(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: 
         loc = ".".join(str(p) for p in err["loc"])
         field = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "<top level>"
         value = err.get("input")
+        allowed = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "missing":
             value = "<missing>"
-        allowed = err["msg"]
+            allowed = "a value (this field is required)"
         if err["type"] == "extra_forbidden":
-            allowed = f"one of {sorted(model.model_fields)}" if not loc.count(".") else "a known field"
+            owner = _model_at(model, tuple(err["loc"][:-1]))
+            allowed = f"no field '{err['loc'][-1]}' here; known fields: {sorted(owner.model_fields)}"
         raise ConfigError(path, field, value, allowed) from None
 
 
@@ -379,7 +409,13 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         if unknown:
             raise ConfigError(path, f"workload_overrides.{unknown[0]}", unknown[0], f"one of {sorted(WorkloadSpec.model_fields)}")
         wdata = {**wdata, **exp.workload_overrides}
-    workload = _validate(WorkloadSpec, wdata, wpath if not exp.workload_overrides else path)
+    try:
+        workload = _validate(WorkloadSpec, wdata, wpath)
+    except ConfigError as err:
+        top = err.field.split(".")[0]
+        if top in exp.workload_overrides:  # the bad value came from the experiment file
+            raise ConfigError(path, f"workload_overrides.{err.field}", err.value, err.allowed) from None
+        raise
     cpath = _resolve(root, "clusters", exp.cluster, path, "cluster")
     cluster = _validate(ClusterSpec, _read_yaml(cpath), cpath)
     for i, group in enumerate(cluster.nodes):
