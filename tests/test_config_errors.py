@@ -1,0 +1,129 @@
+"""Bad configs give ONE clear error naming file, field, bad value and what is allowed (CLI: exit 2, no traceback)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from models.config import ConfigError, load_experiment
+
+EXPERIMENT = "experiments/pd-crossover.yaml"
+WORKLOAD = "workloads/swe-agentic.yaml"
+CLUSTER = "clusters/crossover-16xh800.yaml"
+
+
+def edit_yaml(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One kind of config mistake and the parts its message must name."""
+
+    name: str
+    file: str  # relative to the configs root: the file the message must name
+    break_it: Callable[[Path], None]
+    field: str
+    value: str  # substring of the reported bad value
+    allowed: str  # substring of what is allowed
+
+
+def _set(rel: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    return lambda root: edit_yaml(root / rel, change)
+
+
+MISTAKES = [
+    Mistake("unknown experiment field", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(batch_sise=64)), "batch_sise", "64", "'workload'"),
+    Mistake("unknown model", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(model="qwen4-1t")), "model", "qwen4-1t", "qwen3-30b-a3b"),
+    Mistake("unknown workload", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload="swe-agentik")), "workload", "swe-agentik", "swe-agentic"),
+    Mistake("unknown cluster", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(cluster="moon-base")), "cluster", "moon-base", "crossover-16xh800"),
+    Mistake("missing required field", EXPERIMENT, _set(EXPERIMENT, lambda d: d.pop("model")), "model", "<missing>", "required"),
+    Mistake("negative number", WORKLOAD, _set(WORKLOAD, lambda d: d["env_latency_s"].update(mean=-1.5)), "env_latency_s.mean", "-1.5", "greater than or equal to 0"),
+    Mistake("zero batch", WORKLOAD, _set(WORKLOAD, lambda d: d.update(trajectories_per_batch=0)), "trajectories_per_batch", "0", "greater than 0"),
+    Mistake("wrong type", WORKLOAD, _set(WORKLOAD, lambda d: d.update(trajectories_per_batch="many")), "trajectories_per_batch", "many", "valid integer"),
+    Mistake("uniform without max", WORKLOAD, _set(WORKLOAD, lambda d: d.update(turns={"kind": "uniform", "min": 3})), "turns", "uniform", "min and max"),
+    Mistake("min greater than max", WORKLOAD, _set(WORKLOAD, lambda d: d.update(turns={"kind": "lognormal", "mean": 5, "min": 9, "max": 3})), "turns", "'min': 9", "must be <= max"),
+    Mistake("unknown distribution kind", WORKLOAD, _set(WORKLOAD, lambda d: d["turns"].update(kind="poisson")), "turns.kind", "poisson", "'lognormal'"),
+    Mistake("unknown distribution parameter", WORKLOAD, _set(WORKLOAD, lambda d: d["turns"].update(sigma=2)), "turns.sigma", "2", "'cv'"),
+    Mistake("group size does not divide batch", WORKLOAD, _set(WORKLOAD, lambda d: d.update(group_size=5)), "group_size", "5", "divisor of trajectories_per_batch"),
+    Mistake("TP not a power of two", CLUSTER, _set(CLUSTER, lambda d: d["tp"].update(prefill=[3])), "tp.prefill", "3", "power of two"),
+    Mistake("TP larger than a node", CLUSTER, _set(CLUSTER, lambda d: d["tp"].update(decode=[16])), "tp.decode", "16", "gpus_per_node (8)"),
+    Mistake("unknown GPU type", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(gpu="H900")), "nodes.0.gpu", "H900", "'H800'"),
+    Mistake("unknown pool", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(pool="spot")), "nodes.0.pool", "spot", "'elastic'"),
+    Mistake("missing profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile="h900-qwen3-30b-a3b")), "profile", "h900-qwen3-30b-a3b", "h800-qwen3-30b-a3b"),
+    Mistake("bad workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"trajectories_per_batch": -8})), "workload_overrides.trajectories_per_batch", "-8", "greater than 0"),
+    Mistake("unknown workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"turnz": 3})), "workload_overrides.turnz", "turnz", "'turns'"),
+    Mistake("negative cost weight", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(costs={"mode_switch_margin": -0.1})), "costs.mode_switch_margin", "-0.1", "greater than or equal to 0"),
+    Mistake("bad hardware number", "hardware.yaml", _set("hardware.yaml", lambda d: d["gpus"]["H800"].update(hbm_tb_s=0)), "gpus.H800.hbm_tb_s", "0", "greater than 0"),
+    Mistake("more active experts than experts", "llms.yaml", _set("llms.yaml", lambda d: d["models"]["qwen3-30b-a3b"]["moe"].update(active_experts=200)), "models.qwen3-30b-a3b.moe", "200", "active_experts must be <= experts"),
+    Mistake("malformed YAML", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("name: x\nmodel: [qwen3-8b\n"), "<yaml>", "line", "valid YAML"),
+    Mistake("top level not a mapping", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("- qwen3-8b\n- swe-agentic\n"), "<top level>", "list", "mapping"),
+]
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+def test_mistake_gives_one_clear_message(config_tree: Path, mistake: Mistake) -> None:
+    mistake.break_it(config_tree)
+    with pytest.raises(ConfigError) as info:
+        load_experiment(config_tree / EXPERIMENT)
+    err = info.value
+    assert Path(err.file).resolve() == (config_tree / mistake.file).resolve()
+    assert err.field == mistake.field
+    assert mistake.value in str(err.value)
+    assert mistake.allowed in err.allowed
+    text = str(err)
+    assert "\n" not in text
+    assert all(part in text for part in (mistake.file.split("/")[-1], mistake.field, mistake.allowed))
+
+
+def test_missing_experiment_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_experiment(tmp_path / "nope.yaml")
+    assert info.value.field == "<file>" and "nope.yaml" in str(info.value) and "existing YAML file" in info.value.allowed
+
+
+def test_bad_profile_json(config_tree: Path) -> None:
+    prof = config_tree / "profiles" / "h800-qwen3-30b-a3b.json"
+    prof.write_text(prof.read_text().replace('"weights": 1.2', '"weights": -1.2'))
+    from models.builder import build_models
+
+    spec = load_experiment(config_tree / EXPERIMENT)
+    with pytest.raises(ConfigError) as info:
+        build_models(spec)
+    assert info.value.field == "coefficients.prefill.weights" and info.value.value == -1.2 and ">= 0" in info.value.allowed
+
+
+def test_valid_configs_load(config_tree: Path) -> None:
+    """The shipped experiment files are valid (so every failure above comes from the one mistake)."""
+    for exp in sorted((config_tree / "experiments").glob("*.yaml")):
+        spec = load_experiment(exp)
+        assert spec.name == exp.stem
+
+
+CLI_MISTAKES = ["unknown model", "TP not a power of two", "group size does not divide batch", "malformed YAML", "missing profile", "wrong type"]
+
+
+@pytest.mark.parametrize("name", CLI_MISTAKES)
+def test_cli_reports_mistake_in_one_line(config_tree: Path, name: str, pearl: Callable[..., Any]) -> None:
+    mistake = next(m for m in MISTAKES if m.name == name)
+    mistake.break_it(config_tree)
+    res = pearl("predict", "--config", str(config_tree / EXPERIMENT))
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert mistake.field in lines[0] and mistake.allowed in lines[0] and mistake.file.split("/")[-1] in lines[0]
+    assert res.stdout == ""
+
+
+def test_cli_missing_config_file(tmp_path: Path, pearl: Callable[..., Any]) -> None:
+    res = pearl("predict", "--config", str(tmp_path / "absent.yaml"), "--json")
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "absent.yaml" in lines[0] and "Traceback" not in res.stderr
