@@ -246,6 +246,7 @@ class CostWeights(Frozen):
     mode_switch_margin: NonNegFloat = Field(0.08, description="relative gain needed to switch colocated <-> disaggregated")
     borrow_threshold_s: NonNegFloat = Field(0.0, description="extra benefit a borrow must beat beyond lend+return cost")
     horizon_batches: PositiveFloat = Field(1.0, description="batches over which a switch's gain is counted")
+    background_weight: NonNegFloat = Field(0.1, description="weight of background work (elastic preparation) in transition cost")
 
 
 class SolverSpec(Frozen):

@@ -1,0 +1,104 @@
+"""What one planning step decides, and the solver's proof that it is the best under the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["colocated", "disaggregated"]
+ProofStatus = Literal["optimal", "feasible", "infeasible", "no_solution", "evaluated"]
+
+
+@dataclass(frozen=True)
+class SolverProof:
+    """How sure we are. Objective and bound are in the model's integer unit (milliseconds).
+
+    status: optimal (proven), feasible (time limit hit; `gap` says how far from proven),
+    infeasible (`infeasible_family` names the constraint family responsible),
+    no_solution (time limit with nothing found), evaluated (no solve: a fixed configuration
+    priced by the same objective, e.g. 'keep the current one').
+    """
+
+    status: ProofStatus
+    objective: float
+    best_bound: float
+    gap: float
+    solve_ms: float
+    backend: str
+    infeasible_family: str | None = None
+
+    @property
+    def proven_optimal(self) -> bool:
+        return self.status == "optimal"
+
+
+@dataclass(frozen=True)
+class GroupTarget:
+    """Target engine instances on one interchangeable GPU group (node, pool, type)."""
+
+    node: str
+    pool: str
+    gpu_type: str
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.node, self.pool, self.gpu_type)
+
+    def count(self, role: str) -> int:
+        return int(getattr(self, role))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Mode, ratio and placement of rollout instances, with predicted completion and cost.
+
+    `applied` is False when a policy's gate kept the current configuration; then the
+    targets are the current ones and `reason` says why.
+    """
+
+    mode: Mode
+    colocated: int
+    prefill: int
+    decode: int
+    targets: tuple[GroupTarget, ...]
+    predicted_completion_s: float
+    transition_cost_s: float
+    objective_ms: int
+    proof: SolverProof
+    lent_gpus: int = 0  # training GPUs serving rollout in the target
+    applied: bool = True
+    forced: bool = False  # the current configuration was infeasible: the gate was bypassed
+    reason: str = ""
+    extras: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.prefill}P{self.decode}D" if self.mode == "disaggregated" else f"{self.colocated}C"
+
+    @property
+    def instances(self) -> int:
+        return self.colocated + self.prefill + self.decode
+
+    def per_node(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for t in self.targets:
+            d = out.setdefault(t.node, {"colocated": 0, "prefill": 0, "decode": 0})
+            for r in ("colocated", "prefill", "decode"):
+                d[r] += t.count(r)
+        return {n: d for n, d in out.items() if any(d.values())}
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode, "ratio": self.ratio, "colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
+            "per_node": self.per_node(), "lent_gpus": self.lent_gpus,
+            "predicted_completion_s": round(self.predicted_completion_s, 4), "transition_cost_s": round(self.transition_cost_s, 4),
+            "objective_ms": self.objective_ms, "applied": self.applied, "forced": self.forced, "reason": self.reason,
+            "proof": {
+                "status": self.proof.status, "objective": self.proof.objective, "best_bound": self.proof.best_bound,
+                "gap": self.proof.gap, "solve_ms": round(self.proof.solve_ms, 3), "backend": self.proof.backend,
+                "infeasible_family": self.proof.infeasible_family,
+            },
+        }
