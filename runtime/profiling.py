@@ -1,0 +1,349 @@
+"""Measure per-step latency of a real vLLM engine over a grid of step shapes.
+
+How a point (n requests, L new prompt tokens, C cached context tokens) is measured:
+  1. warm: n fresh random prefixes of C tokens are run once (max_tokens=1), so their
+     full KV blocks sit in the engine's prefix cache;
+  2. measure: n prompts = prefix + L fresh random tokens are added at once with
+     max_tokens = 1 + k and ignore_eos, and the engine is stepped by hand
+     (`LLMEngine.step()`), timing each step with a monotonic clock. The first step must
+     prefill all n prompts at once (checked: every request returns its first token and
+     reports num_cached_tokens == the cached prefix); the next k steps are decode-only
+     steps of n sequences.
+  3. repeat r times with fresh tokens (so nothing but the prefix is ever cached) and
+     keep the median prefill step and the median (over repeats) of the median decode step.
+
+Stepping the engine ourselves measures whole engine steps (schedule + forward + sample
++ output processing) without guessing from end-to-end request times. Requests are sent
+as token ids with detokenize=False, like an RL rollout does.
+
+Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
+  line 1: {"header": {
+      "model_dir": str, "model": llms.yaml name, "hardware": hardware.yaml name, "tp": int,
+      "machine": one-line description (host, CPU/GPU model, core count, vllm and torch versions),
+      "machine_detail": {host, cpu, cores, gpu, vllm, torch, python},
+      "date": ISO-8601 UTC time of the run,
+      "grid": {"name", "batch": [...], "prompt_tokens": [...], "context_tokens": [...],
+               "repeats": int, "decode_steps": int, "points": int},
+      "engine": {dtype, load_format, max_model_len, block_size, max_num_batched_tokens,
+                 enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind},
+      "wall_s": seconds the whole run took}}
+  then one object per measured step shape:
+      {"kind": "prefill" | "decode",
+       "prefill_tokens": new tokens prefilled in the step (sum over requests),
+       "prefill_requests": requests prefilled in the step,
+       "prefill_prefix_tokens": cached prefix tokens they attend to (sum over requests),
+       "decode_seqs": sequences decoded in the step,
+       "decode_context_tokens": KV tokens those sequences attend to (sum, at the mean step),
+       "seconds": median step time}
+  A prefill sample has decode_seqs = 0; a decode sample has prefill_tokens = 0.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from models.config import ConfigError
+from models.fit import StepSample
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Step shapes to measure: the cross product of batch x prompt x context, within max_model_len."""
+
+    name: str
+    batch: tuple[int, ...]
+    prompt_tokens: tuple[int, ...]
+    context_tokens: tuple[int, ...]
+    repeats: int = 3
+    decode_steps: int = 8
+
+    def points(self, max_model_len: int) -> list["GridPoint"]:
+        return [
+            GridPoint(n, l, c)
+            for c in self.context_tokens
+            for l in self.prompt_tokens
+            for n in self.batch
+            if c + l + self.decode_steps + 1 <= max_model_len
+        ]
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    batch: int
+    prompt_tokens: int
+    context_tokens: int
+
+
+GRIDS: dict[str, Grid] = {
+    # For tests: a handful of points, seconds on the tiny model.
+    "tiny": Grid("tiny", (1, 4), (32, 128), (0, 64), repeats=3, decode_steps=4),
+    # Slow real architectures on CPU (e.g. Qwen3-0.6B): few tokens per step.
+    "small": Grid("small", (1, 2, 4, 8), (16, 64), (0, 128), repeats=3, decode_steps=4),
+    "medium": Grid("medium", (1, 2, 4, 8, 16, 32), (16, 64, 256), (0, 128, 512), repeats=3, decode_steps=8),
+}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """vLLM engine arguments the profile depends on (recorded in the samples header)."""
+
+    model_dir: str
+    dtype: str = "auto"
+    load_format: str = "auto"
+    max_model_len: int = 1024
+    block_size: int = 32
+    tp: int = 1
+    enforce_eager: bool = True
+    max_num_batched_tokens: int = 4096
+    kv_cache_gib: int = 1
+    cpu_threads_bind: str = "auto"
+    seed: int = 0
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        return dict(
+            model=self.model_dir,
+            dtype=self.dtype,
+            load_format=self.load_format,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            tensor_parallel_size=self.tp,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=True,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            seed=self.seed,
+        )
+
+
+def check_model_dir(model_dir: str | Path, load_format: str) -> None:
+    """A model directory vLLM can load: config.json, and weights unless load_format is dummy."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ConfigError(path, "--model-dir", str(path), "an existing model directory (build the tiny one with scripts/make_tiny_model.py)")
+    if not (path / "config.json").is_file():
+        raise ConfigError(path, "config.json", "<missing>", "a Hugging Face model directory with config.json")
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    if load_format != "dummy" and not has_weights:
+        raise ConfigError(path, "--load-format", load_format, "'dummy' for a config-only directory (no *.safetensors / *.bin weights)")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_detail() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    gpu = ""
+    if torch.cuda.is_available():
+        gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "vllm": getattr(vllm, "__version__", "unknown"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def describe_machine(detail: dict[str, Any]) -> str:
+    where = detail["gpu"] or f"{detail['cpu']} ({detail['cores']} cores)"
+    return f"{detail['host']}: {where}; vllm {detail['vllm']}, torch {detail['torch']}"
+
+
+@dataclass
+class _Run:
+    """Timings of one measured (prefill + k decodes) run."""
+
+    prefill_s: float
+    decode_s: list[float]
+    cached_tokens: int
+    new_tokens: int
+
+
+@dataclass
+class EngineProfiler:
+    """Owns one in-process vLLM engine and measures step times on it."""
+
+    settings: EngineSettings
+    _llm: Any = field(default=None, init=False, repr=False)
+    _rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0), init=False, repr=False)
+    _ids: Iterator[int] = field(default_factory=lambda: iter(range(1 << 62)), init=False, repr=False)
+    engine_start_s: float = field(default=0.0, init=False)
+
+    def start(self) -> None:
+        # One process: the engine core runs inside ours, so engine.step() is exactly one
+        # engine step (no IPC), and startup is seconds instead of tens of seconds.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.kv_cache_gib)
+        if self.settings.cpu_threads_bind != "auto":
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_threads_bind
+        from vllm import LLM
+
+        t0 = time.perf_counter()
+        self._llm = LLM(**self.settings.engine_kwargs())
+        self.engine_start_s = time.perf_counter() - t0
+        self._vocab = int(self._llm.llm_engine.model_config.get_vocab_size())
+
+    def close(self) -> None:
+        if self._llm is not None:
+            engine = self._llm.llm_engine
+            self._llm = None
+            shutdown = getattr(engine.engine_core, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+    def _tokens(self, n: int) -> list[int]:
+        # Skip the lowest ids (special tokens of small vocabularies).
+        return self._rng.integers(16, self._vocab, size=n).tolist()
+
+    def _submit(self, prompts: list[list[int]], max_tokens: int) -> list[str]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        engine = self._llm.llm_engine
+        ids = []
+        for p in prompts:
+            rid = f"p{next(self._ids)}"
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=p), params)
+            ids.append(rid)
+        return ids
+
+    def _drain(self) -> None:
+        engine = self._llm.llm_engine
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    def run_point(self, point: GridPoint, decode_steps: int) -> _Run:
+        """One warm + measured run of a grid point."""
+        engine = self._llm.llm_engine
+        n, l, c = point.batch, point.prompt_tokens, point.context_tokens
+        prefixes = [self._tokens(c) for _ in range(n)]
+        if c:
+            self._submit(prefixes, 1)
+            self._drain()
+        ids = self._submit([pre + self._tokens(l) for pre in prefixes], 1 + decode_steps)
+        first: dict[str, Any] = {}
+        step_s: list[float] = []
+        while engine.has_unfinished_requests():
+            t0 = time.perf_counter()
+            outs = engine.step()
+            step_s.append(time.perf_counter() - t0)
+            if len(step_s) == 1:
+                first = {o.request_id: o for o in outs}
+        if set(first) != set(ids):
+            raise RuntimeError(
+                f"prefill of {n} x {l} tokens did not fit in one engine step "
+                f"(max_num_batched_tokens={self.settings.max_num_batched_tokens}); raise it"
+            )
+        cached = sum(int(o.num_cached_tokens or 0) for o in first.values())
+        block = self.settings.block_size
+        expected = n * (c // block) * block
+        if cached != expected:
+            raise RuntimeError(f"prefix cache hit {cached} tokens, expected {expected} (n={n}, context={c}, block={block})")
+        decode = step_s[1:]
+        if len(decode) != decode_steps:
+            raise RuntimeError(f"expected {decode_steps} decode steps, engine ran {len(decode)}")
+        return _Run(step_s[0], decode, cached, n * (l + c) - cached)
+
+    def measure(self, point: GridPoint, repeats: int, decode_steps: int) -> tuple[StepSample, StepSample]:
+        runs = [self.run_point(point, decode_steps) for _ in range(repeats)]
+        n, l, c = point.batch, point.prompt_tokens, point.context_tokens
+        prefill = StepSample(
+            kind="prefill",
+            prefill_tokens=float(runs[0].new_tokens),
+            prefill_requests=float(n),
+            prefill_prefix_tokens=float(runs[0].cached_tokens),
+            decode_seqs=0.0,
+            decode_context_tokens=0.0,
+            seconds=statistics.median(r.prefill_s for r in runs),
+        )
+        # Decode step j (1..k) attends to c + l + j tokens per sequence; mean over the k steps.
+        mean_ctx = c + l + (decode_steps + 1) / 2.0
+        decode = StepSample(
+            kind="decode",
+            prefill_tokens=0.0,
+            prefill_requests=0.0,
+            prefill_prefix_tokens=0.0,
+            decode_seqs=float(n),
+            decode_context_tokens=float(n * mean_ctx),
+            seconds=statistics.median(statistics.median(r.decode_s) for r in runs),
+        )
+        return prefill, decode
+
+    def warm_up(self) -> None:
+        """First steps pay one-off costs (allocations, kernel selection): run some untimed."""
+        for n in (1, 4):
+            self._submit([self._tokens(64) for _ in range(n)], 4)
+            self._drain()
+
+
+def profile_engine(
+    settings: EngineSettings,
+    grid: Grid,
+    on_point: Callable[[int, int, GridPoint], None] | None = None,
+    on_started: Callable[[float, int], None] | None = None,
+) -> tuple[list[StepSample], dict[str, Any]]:
+    """Measure every grid point on one engine. Returns samples and run facts for the header."""
+    points = grid.points(settings.max_model_len)
+    if not points:
+        raise ConfigError("--grid", grid.name, "no points", f"points with context + prompt + {grid.decode_steps + 1} <= --max-model-len {settings.max_model_len}")
+    profiler = EngineProfiler(settings)
+    t0 = time.perf_counter()
+    profiler.start()
+    samples: list[StepSample] = []
+    try:
+        profiler.warm_up()
+        if on_started:
+            on_started(profiler.engine_start_s, len(points))
+        for i, point in enumerate(points):
+            samples.extend(profiler.measure(point, grid.repeats, grid.decode_steps))
+            if on_point:
+                on_point(i + 1, len(points), point)
+    finally:
+        profiler.close()
+    facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points)}
+    return samples, facts
+
+
+def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: str, facts: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:
+    engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
+    engine["prefix_caching"] = True
+    return {
+        "model_dir": str(settings.model_dir),
+        "model": model,
+        "hardware": hardware,
+        "tp": settings.tp,
+        "machine": describe_machine(detail),
+        "machine_detail": detail,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "grid": {
+            "name": grid.name,
+            "batch": list(grid.batch),
+            "prompt_tokens": list(grid.prompt_tokens),
+            "context_tokens": list(grid.context_tokens),
+            "repeats": grid.repeats,
+            "decode_steps": grid.decode_steps,
+            "points": facts["points"],
+        },
+        "engine": engine,
+        "engine_start_s": facts["engine_start_s"],
+        "wall_s": facts["wall_s"],
+    }
