@@ -23,11 +23,11 @@ model: $(TINY)
 $(STAMP): $(REQS) pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing pinned dependencies from $(REQS) (first run only: a few minutes)"
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r $(REQS)
+	$(VENV)/bin/pip install -qq --disable-pip-version-check -r $(REQS)
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
 	@# beside the CPU torch; triton has no CPU backend. vLLM runs without all four.
 	@if [ -z "$(HAS_GPU)" ]; then $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
-	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	$(VENV)/bin/pip install -qq --disable-pip-version-check --no-deps -e .
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
