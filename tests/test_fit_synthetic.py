@@ -1,0 +1,122 @@
+"""The fit recovers known coefficients from synthetic samples of the step model; sample files round-trip."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.config import ConfigError, load_hardware, load_llms
+from models.fit import StepSample, fit_profile, read_samples, split_holdout, write_samples
+from models.step_latency import FEATURES, StepCoefficients, StepLatencyModel, StepShape, step_features
+
+LLM = load_llms().models["qwen3-30b-a3b"]  # MoE: weight reads vary with tokens, so 'weights' is identifiable
+GPU = load_hardware().gpus["H800"]
+TP = 1  # no TP traffic: the comm column is zero and compute is identifiable
+TRUE = {
+    "prefill": StepCoefficients(fixed=0.004, compute=1.8, attn=1.5, weights=1.2, kv=1.0, comm=0.0),
+    "decode": StepCoefficients(fixed=0.007, compute=2.5, attn=0.0, weights=1.4, kv=1.3, comm=0.0),
+}
+NOISE = 0.01
+
+
+def _time(shape: StepShape, kind: str) -> float:
+    return float(step_features(shape, LLM, GPU, TP) @ TRUE[kind].vector())
+
+
+def synthetic_samples(seed: int = 0) -> list[StepSample]:
+    """A profiling-like grid timed by the step model with TRUE coefficients, times (1 + 1% noise)."""
+    rng = np.random.default_rng(seed)
+    out: list[StepSample] = []
+    for p, r, prefix in itertools.product([8, 32, 128, 512, 2048, 8192], [1, 4, 16], [0, 4096, 32768]):
+        if r > p:
+            continue
+        shape = StepShape(p, r, prefix * r, 0, 0)
+        out.append(StepSample("prefill", p, r, prefix * r, 0, 0, _time(shape, "prefill") * (1 + rng.normal(0, NOISE))))
+    for d, ctx in itertools.product([1, 2, 4, 8, 16, 32, 64, 128, 256], [128, 1024, 4096, 16384, 32768]):
+        shape = StepShape(0, 0, 0, d, d * ctx)
+        out.append(StepSample("decode", 0, 0, 0, d, d * ctx, _time(shape, "decode") * (1 + rng.normal(0, NOISE))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report():
+    return fit_profile(synthetic_samples(), LLM, GPU, TP, name="synthetic", hardware="H800", model="qwen3-30b-a3b")
+
+
+def test_prefill_coefficients_recovered(report) -> None:
+    got = report.profile.prefill
+    for name in ("fixed", "compute", "attn", "weights", "kv"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE["prefill"], name), rel=0.06), name
+
+
+def test_decode_coefficients_recovered(report) -> None:
+    got = report.profile.decode
+    for name in ("fixed", "compute", "weights"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE["decode"], name), rel=0.10), name
+    # attention FLOPs and KV reads both scale with context tokens in decode: only their sum is identifiable.
+    ctx_shape = StepShape(0, 0, 0, 1, 10_000)
+    f = step_features(ctx_shape, LLM, GPU, TP) - step_features(StepShape(0, 0, 0, 1, 0), LLM, GPU, TP)
+    idx = [FEATURES.index("attn"), FEATURES.index("kv")]
+    assert f[idx] @ got.vector()[idx] == pytest.approx(f[idx] @ TRUE["decode"].vector()[idx], rel=0.03)
+
+
+def test_fit_is_non_negative_and_generalises(report) -> None:
+    for kind in ("prefill", "decode"):
+        assert np.all(report.profile.coefficients(kind).vector() >= 0)
+        assert report.holdout_mape[kind] < 2.0  # noise is 1%: the model class is exact
+        assert report.n_holdout[kind] > 0 and report.n_train[kind] >= 2 * report.n_holdout[kind]
+    assert report.profile.label == "measured"
+    # Off-grid shapes, noise-free truth: the fitted engine predicts them within a few percent.
+    fitted = StepLatencyModel(LLM, GPU, TP, report.profile)
+    truth = StepLatencyModel(LLM, GPU, TP, report.profile.__class__("t", "H800", "m", "derived", TRUE["prefill"], TRUE["decode"]))
+    seqs, ctx = np.array([3.0, 24.0, 96.0]), np.array([700.0, 6000.0, 20000.0])
+    assert np.allclose(fitted.decode_time(seqs, ctx), truth.decode_time(seqs, ctx), rtol=0.03)
+    assert np.allclose(fitted.prefill_time(np.array([100.0, 3000.0]), 2.0, 5000.0), truth.prefill_time(np.array([100.0, 3000.0]), 2.0, 5000.0), rtol=0.03)
+
+
+def test_holdout_split_is_deterministic_and_disjoint() -> None:
+    samples = synthetic_samples()
+    a_train, a_test = split_holdout(samples, 4)
+    b_train, b_test = split_holdout(samples, 4)
+    assert a_train == b_train and a_test == b_test
+    assert len(a_train) + len(a_test) == len(samples)
+    assert not set(map(id, a_train)) & set(map(id, a_test))
+
+
+def test_samples_round_trip(tmp_path: Path) -> None:
+    samples = synthetic_samples()
+    header = {"model": "qwen3-30b-a3b", "hardware": "H800", "tp": TP, "engine": "synthetic"}
+    path = tmp_path / "sub" / "samples.jsonl"
+    write_samples(path, header, samples)
+    got_header, got = read_samples(path)
+    assert got_header == header and got == samples
+    assert json.loads(path.read_text().splitlines()[0]) == {"header": header}
+
+
+BAD_FILES = {
+    "not json": ("{\"header\": {}}\nnot json at all\n", "line 2", "one JSON object per line"),
+    "missing field": ('{"kind": "decode", "prefill_tokens": 0}\n', "line 1.prefill_requests", "sample fields"),
+    "bad kind": ('{"kind": "train", "prefill_tokens": 0, "prefill_requests": 0, "prefill_prefix_tokens": 0, "decode_seqs": 1, "decode_context_tokens": 1, "seconds": 0.1}\n', "line 1", "kind prefill|decode"),
+    "non-positive time": ('{"kind": "decode", "prefill_tokens": 0, "prefill_requests": 0, "prefill_prefix_tokens": 0, "decode_seqs": 1, "decode_context_tokens": 1, "seconds": 0}\n', "line 1", "seconds > 0"),
+    "header only": ('{"header": {"model": "tiny"}}\n', "<samples>", "at least one sample"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_sample_file_errors(tmp_path: Path, case: str) -> None:
+    text, field, allowed = BAD_FILES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_samples(path)
+    assert info.value.field == field and allowed in info.value.allowed and "bad.jsonl" in str(info.value)
+
+
+def test_missing_sample_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        read_samples(tmp_path / "absent.jsonl")
+    assert info.value.field == "<file>" and "pearl profile" in info.value.allowed
