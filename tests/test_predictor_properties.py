@@ -1,0 +1,99 @@
+"""Property tests: predictions move the way physics says when one input moves.
+
+More instances of a role never slow that role's path; longer tool latency and more
+trajectories never make a batch finish sooner. Workloads, models and batch sizes are drawn
+by hypothesis over the ranges agentic RL sees.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.config import CONFIG_ROOT, Distribution, WorkloadSpec, load_hardware, load_llms
+from models.predictor import RolloutPredictor, batch_shape
+from models.step_latency import StepLatencyModel, load_profile
+
+RTOL = 1e-6  # the per-turn fixed point is iterated, not solved in closed form
+N = np.arange(1, 65)
+
+
+@lru_cache(maxsize=None)
+def engine(model: str, tp: int) -> StepLatencyModel:
+    llm = load_llms().models[model]
+    return StepLatencyModel(llm, load_hardware().gpus["H800"], tp, load_profile(CONFIG_ROOT / "profiles" / f"h800-{model}.json"))
+
+
+def predictor(model: str, tp: int, workload: WorkloadSpec, batch: int | None = None, env_scale: float = 1.0) -> RolloutPredictor:
+    eng = engine(model, tp)
+    return RolloutPredictor(batch_shape(workload, batch, env_scale), eng, eng, eng, kv_link_gb_s=100.0 * tp)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> WorkloadSpec:
+    def dist(lo: float, hi: float, mean_hi: float) -> Distribution:
+        mean = draw(st.floats(lo, mean_hi))
+        kind = draw(st.sampled_from(["constant", "lognormal"]))
+        return Distribution(kind=kind, mean=mean, cv=draw(st.floats(0.0, 1.2)) if kind != "constant" else 0.0, min=lo, max=hi)
+
+    return WorkloadSpec(
+        trajectories_per_batch=draw(st.integers(1, 256)),
+        turns=dist(1, 60, 40),
+        initial_prompt_tokens=dist(16, 16000, 6000),
+        new_tokens_per_turn=dist(1, 8000, 3000),
+        response_tokens_per_turn=dist(1, 4096, 1500),
+        env_latency_s=dist(0, 120, 20),
+        max_trajectory_tokens=draw(st.sampled_from([4096, 16384, 32768])),
+    )
+
+
+models_ = st.sampled_from(["qwen3-8b", "qwen3-30b-a3b"])
+tps = st.sampled_from([1, 2, 4])
+SETTINGS = settings(max_examples=50, deadline=None)
+
+
+def non_increasing(t: np.ndarray) -> bool:
+    return bool(np.all(t[1:] <= t[:-1] * (1 + RTOL)))
+
+
+@SETTINGS
+@given(models_, tps, workloads())
+def test_more_decode_instances_never_slow_decode(model: str, tp: int, w: WorkloadSpec) -> None:
+    t, _ = predictor(model, tp, w).decode_path_many(N)
+    assert non_increasing(t), t
+
+
+@SETTINGS
+@given(models_, tps, workloads())
+def test_more_prefill_instances_never_slow_prefill(model: str, tp: int, w: WorkloadSpec) -> None:
+    assert non_increasing(predictor(model, tp, w).prefill_path_many(N))
+
+
+@SETTINGS
+@given(models_, tps, workloads())
+def test_more_colocated_instances_never_slow_colocation(model: str, tp: int, w: WorkloadSpec) -> None:
+    t, _ = predictor(model, tp, w).colocated_many(N)
+    assert non_increasing(t), t
+
+
+@SETTINGS
+@given(models_, tps, workloads(), st.floats(1.0, 10.0), st.integers(1, 32), st.integers(2, 32))
+def test_longer_tool_latency_never_speeds_the_batch(model: str, tp: int, w: WorkloadSpec, factor: float, n: int, total: int) -> None:
+    fast, slow = predictor(model, tp, w), predictor(model, tp, w, env_scale=factor)
+    assert slow.colocated(n).completion_s >= fast.colocated(n).completion_s * (1 - RTOL)
+    n_p = max(1, total // 3)
+    assert slow.disaggregated(n_p, total - n_p).completion_s >= fast.disaggregated(n_p, total - n_p).completion_s * (1 - RTOL)
+    assert slow.best_disaggregated(total).completion_s >= fast.best_disaggregated(total).completion_s * (1 - RTOL)
+
+
+@SETTINGS
+@given(models_, tps, workloads(), st.integers(1, 200), st.integers(1, 64), st.integers(1, 32), st.integers(2, 32))
+def test_more_trajectories_never_finish_sooner(model: str, tp: int, w: WorkloadSpec, batch: int, extra: int, n: int, total: int) -> None:
+    small, big = predictor(model, tp, w, batch), predictor(model, tp, w, batch + extra)
+    assert big.colocated(n).completion_s >= small.colocated(n).completion_s * (1 - RTOL)
+    n_p = max(1, total // 3)
+    assert big.disaggregated(n_p, total - n_p).completion_s >= small.disaggregated(n_p, total - n_p).completion_s * (1 - RTOL)
+    assert big.best_disaggregated(total).completion_s >= small.best_disaggregated(total).completion_s * (1 - RTOL)
