@@ -9,8 +9,9 @@ How a point (n requests, L new prompt tokens, C cached context tokens) is measur
      prefill all n prompts at once (checked: every request returns its first token and
      reports num_cached_tokens == the cached prefix); the next k steps are decode-only
      steps of n sequences.
-  3. repeat r times with fresh tokens (so nothing but the prefix is ever cached) and
-     keep the median prefill step and the median (over repeats) of the median decode step.
+  3. repeat r times with fresh tokens (so nothing but the prefix is ever cached), as r
+     whole passes over the grid, and keep the median prefill step and the median (over
+     repeats) of the median decode step.
 
 Stepping the engine ourselves measures whole engine steps (schedule + forward + sample
 + output processing) without guessing from end-to-end request times. Requests are sent
@@ -66,13 +67,18 @@ class Grid:
     repeats: int = 3
     decode_steps: int = 8
 
-    def points(self, max_model_len: int) -> list["GridPoint"]:
+    def points(self, max_model_len: int, max_num_batched_tokens: int) -> list["GridPoint"]:
+        """Points that fit one sequence in max_model_len and one prefill in one engine step.
+
+        An engine never runs a step over its token budget (it chunks longer prefills), so
+        shapes above the budget are not measured: they are not steps the engine runs.
+        """
         return [
             GridPoint(n, l, c)
             for c in self.context_tokens
             for l in self.prompt_tokens
             for n in self.batch
-            if c + l + self.decode_steps + 1 <= max_model_len
+            if c + l + self.decode_steps + 1 <= max_model_len and n * l <= max_num_batched_tokens
         ]
 
 
@@ -88,7 +94,7 @@ GRIDS: dict[str, Grid] = {
     "tiny": Grid("tiny", (1, 4), (32, 128), (0, 64), repeats=3, decode_steps=4),
     # Slow real architectures on CPU (e.g. Qwen3-0.6B): few tokens per step.
     "small": Grid("small", (1, 2, 4, 8), (16, 64), (0, 128), repeats=3, decode_steps=4),
-    "medium": Grid("medium", (1, 2, 4, 8, 16, 32), (16, 64, 256), (0, 128, 512), repeats=3, decode_steps=8),
+    "medium": Grid("medium", (1, 2, 4, 8, 16, 32), (16, 64, 256), (0, 128, 512), repeats=5, decode_steps=8),
 }
 
 
@@ -103,7 +109,7 @@ class EngineSettings:
     block_size: int = 32
     tp: int = 1
     enforce_eager: bool = True
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int = 2048
     kv_cache_gib: int = 1
     cpu_threads_bind: str = "auto"
     seed: int = 0
@@ -263,8 +269,9 @@ class EngineProfiler:
             raise RuntimeError(f"expected {decode_steps} decode steps, engine ran {len(decode)}")
         return _Run(step_s[0], decode, cached, n * (l + c) - cached)
 
-    def measure(self, point: GridPoint, repeats: int, decode_steps: int) -> tuple[StepSample, StepSample]:
-        runs = [self.run_point(point, decode_steps) for _ in range(repeats)]
+    @staticmethod
+    def aggregate(point: GridPoint, runs: list[_Run], decode_steps: int) -> tuple[StepSample, StepSample]:
+        """Median over repeats of the prefill step and of each run's median decode step."""
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
         prefill = StepSample(
             kind="prefill",
@@ -302,9 +309,9 @@ def profile_engine(
     on_started: Callable[[float, int], None] | None = None,
 ) -> tuple[list[StepSample], dict[str, Any]]:
     """Measure every grid point on one engine. Returns samples and run facts for the header."""
-    points = grid.points(settings.max_model_len)
+    points = grid.points(settings.max_model_len, settings.max_num_batched_tokens)
     if not points:
-        raise ConfigError("--grid", grid.name, "no points", f"points with context + prompt + {grid.decode_steps + 1} <= --max-model-len {settings.max_model_len}")
+        raise ConfigError("--grid", grid.name, "no points", f"points with context + prompt + {grid.decode_steps + 1} <= --max-model-len {settings.max_model_len} and batch x prompt <= --max-num-batched-tokens {settings.max_num_batched_tokens}")
     profiler = EngineProfiler(settings)
     t0 = time.perf_counter()
     profiler.start()
@@ -313,10 +320,19 @@ def profile_engine(
         profiler.warm_up()
         if on_started:
             on_started(profiler.engine_start_s, len(points))
-        for i, point in enumerate(points):
-            samples.extend(profiler.measure(point, grid.repeats, grid.decode_steps))
-            if on_point:
-                on_point(i + 1, len(points), point)
+        # Repeats are whole passes over the grid, not back-to-back runs of one point: a
+        # transient disturbance (another process, a GC pause) then lands on different
+        # points in different passes and the per-point median discards it.
+        runs: list[list[_Run]] = [[] for _ in points]
+        done = 0
+        for _ in range(grid.repeats):
+            for i, point in enumerate(points):
+                runs[i].append(profiler.run_point(point, grid.decode_steps))
+                done += 1
+                if on_point:
+                    on_point(done, len(points) * grid.repeats, point)
+        for point, point_runs in zip(points, runs):
+            samples.extend(EngineProfiler.aggregate(point, point_runs, grid.decode_steps))
     finally:
         profiler.close()
     facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points)}

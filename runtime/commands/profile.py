@@ -25,6 +25,7 @@ def profile(
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree of the engine"),
     kv_cache_gib: int = typer.Option(1, "--kv-cache-gib", min=1, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
     cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=64, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
     repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
@@ -56,11 +57,10 @@ def profile(
     g = profiling.GRIDS[grid]
     if repeats:
         g = replace(g, repeats=max(repeats, 1))
-    points = g.points(max_model_len)
-    max_batched = max([4096] + [p.batch * p.prompt_tokens for p in points])
+    points = g.points(max_model_len, max_num_batched_tokens)
     settings = profiling.EngineSettings(
         model_dir=str(model_dir), dtype=dtype, load_format=load_format, max_model_len=max_model_len,
-        tp=tp, max_num_batched_tokens=max_batched, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind,
+        tp=tp, max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind,
     )
 
     from rich.console import Console
@@ -69,13 +69,13 @@ def profile(
     console = Console(stderr=True)
     console.print(f"starting vLLM engine for {model_dir} ({model}, dtype {dtype}, load_format {load_format}) ...")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task(f"profiling grid '{grid}'", total=len(points))
+        task = bar.add_task(f"profiling grid '{grid}'", total=len(points) * g.repeats)
 
         def started(start_s: float, n: int) -> None:
             bar.console.print(f"engine started in {start_s:.1f} s; measuring {n} points x {g.repeats} repeats")
 
         def advanced(i: int, n: int, p: profiling.GridPoint) -> None:
-            bar.update(task, completed=i, description=f"n={p.batch} prompt={p.prompt_tokens} context={p.context_tokens}")
+            bar.update(task, completed=i, total=n, description=f"n={p.batch} prompt={p.prompt_tokens} context={p.context_tokens}")
 
         samples, facts = profiling.profile_engine(settings, g, on_point=advanced, on_started=started)
     header = profiling.samples_header(settings, g, model, hardware, facts, profiling.machine_detail())
