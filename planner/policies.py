@@ -37,3 +37,155 @@ class Policy(Protocol):
     name: str
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step: ...
+
+
+# ----------------------------------------------------------------------------- implementations
+from dataclasses import replace  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from planner.decision import SolverProof  # noqa: E402
+from planner.milp import Options, PlanningProblem, borrow_window_open, evaluate  # noqa: E402
+from planner.solve import decision_from, solve_step  # noqa: E402
+from planner.transition import build_plan  # noqa: E402
+
+
+class PlanningError(RuntimeError):
+    """No configuration is feasible; the message names the constraint family."""
+
+
+def _current_x(problem: PlanningProblem) -> tuple[tuple[int, int, int], ...]:
+    return tuple((g.total_cur(0), g.total_cur(1), g.total_cur(2)) for g in problem.groups)
+
+
+def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None):
+    problem, sol, decision = solve_step(state, inputs, now_s, options, backend)
+    if decision is None:
+        fam = sol.infeasible_family or sol.status
+        raise PlanningError(f"no feasible rollout configuration ({sol.status}; constraint family: {fam})")
+    return problem, sol, decision
+
+
+def best_static_split(inputs: PlanningInputs, instances: int) -> tuple[int, int]:
+    """The best P:D split of `instances` by the prediction tables (the 'fixed PD' choice)."""
+    n = max(instances, 2)
+    n_p = np.arange(1, n)
+    p = np.minimum.accumulate(inputs.prefill.seconds[1:])[np.minimum(n_p, inputs.prefill.max_instances) - 1]
+    d = np.minimum.accumulate(inputs.decode.seconds[1:])[np.minimum(n - n_p, inputs.decode.max_instances) - 1]
+    i = int(np.argmin(np.maximum(p, d)))
+    return int(n_p[i]), int(n - n_p[i])
+
+
+@dataclass(frozen=True)
+class PearlPolicy:
+    """Solve the program; borrow by Eq. 7; switch only past a hysteresis margin.
+
+    borrow: training GPUs may serve rollout between updates, if (R/B)(T_ded - T_borrow)
+      exceeds lend + return cost (+ borrow_threshold_s); T_borrow is the optimum with
+      borrowing allowed (what would run), T_ded the optimum on dedicated GPUs only.
+    gate: a new configuration replaces the current one only if its objective (completion
+      + transition cost per horizon batch) beats the current one's by margin x T_current;
+      margin = mode_switch_margin for colocated <-> disaggregated, ratio_change_margin when
+      surviving workers change role or stop, 0 for pure growth / forced shrink. A current
+      configuration that became infeasible (preemption, recall) is a forced switch: no gate.
+    fixed_pd: keep disaggregation at the best static P:D proportion (ablation / RLBoost+).
+    """
+
+    name: str = "pearl"
+    borrow: bool = True
+    gate: bool = True
+    fixed_pd: bool = False
+    elastic: bool = True
+    pools: tuple[str, ...] = ("rollout", "elastic", "training")
+    modes: tuple[str, ...] = ("colocated", "disaggregated")
+    backend: str | None = None
+
+    def _options(self, state: ClusterState, inputs: PlanningInputs, borrow: bool) -> Options:
+        opts = Options(allow_borrow=borrow, allow_elastic=self.elastic, pools=self.pools, modes=self.modes)
+        if self.fixed_pd:
+            tp = inputs.tp("decode")
+            nominal = sum(1 for g in state.gpus if g.pool in ("rollout", "elastic")) // tp
+            p, d = best_static_split(inputs, nominal)
+            usable = sum(g.usable for g in state.gpus if g.pool in ("rollout", "elastic")) + (
+                state.usable_count("training") if borrow else 0
+            )
+            total = max(usable // tp, 2)
+            n_p = min(max(1, round(total * p / (p + d))), total - 1)
+            opts = replace(opts, modes=("disaggregated",), fixed_pd=(n_p, total - n_p))
+        return opts
+
+    def _solve(self, state: ClusterState, inputs: PlanningInputs, now_s: float, borrow: bool):
+        opts = self._options(state, inputs, borrow)
+        try:
+            return _solve_or_raise(state, inputs, now_s, opts, self.backend)
+        except PlanningError:
+            if not self.fixed_pd:
+                raise
+        # the exact static split does not fit this availability: keep the mode, free the counts
+        return _solve_or_raise(state, inputs, now_s, replace(opts, fixed_pd=None), self.backend)
+
+    def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
+        can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
+        problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
+        extras: dict = {"event": event}
+        if can_borrow:
+            p_b, s_b, cand_b = self._solve(state, inputs, now_s, borrow=True)
+            t_ded, t_full = cand.predicted_completion_s, cand_b.predicted_completion_s
+            toggle = inputs.costs.lend_s + inputs.costs.return_s
+            benefit = state.unfinished_fraction * (t_ded - t_full)
+            ok = benefit > toggle + inputs.weights.borrow_threshold_s if self.gate else cand_b.objective_ms < cand.objective_ms
+            extras.update(t_dedicated_s=t_ded, t_borrow_s=t_full, borrow_benefit_s=benefit, toggle_s=toggle, borrow=bool(ok))
+            if ok:
+                problem, sol, cand = p_b, s_b, cand_b
+        cand = replace(cand, extras=extras)
+        plan = build_plan(state, cand, inputs, now_s)
+        if not self.gate:
+            return Step(replace(cand, reason="ungated"), plan)
+        x_cur = _current_x(problem)
+        obj_cur = evaluate(problem, x_cur) if any(any(v) for v in x_cur) else None
+        if obj_cur is None:
+            return Step(replace(cand, forced=True, reason="current configuration infeasible: forced switch"), plan)
+        keep = decision_from(problem, x_cur, SolverProof("evaluated", float(obj_cur), float(obj_cur), 0.0, 0.0, "none"))
+        if keep.targets == cand.targets:
+            return Step(replace(cand, reason="already optimal"), plan)
+        if keep.mode != cand.mode:
+            margin, kind = inputs.weights.mode_switch_margin, "mode switch"
+        elif plan.role_changes or _voluntary_leaves(state, plan, cand):
+            margin, kind = inputs.weights.ratio_change_margin, "ratio change"
+        else:
+            margin, kind = 0.0, "scale change"
+        gain_ms = obj_cur - cand.objective_ms
+        need_ms = margin * keep.predicted_completion_s * 1000.0
+        if gain_ms > need_ms:
+            return Step(replace(cand, reason=f"{kind}: gain {gain_ms / 1000:.2f} s > margin {need_ms / 1000:.2f} s"), plan)
+        kept = replace(keep, applied=False, extras=extras, reason=f"gated {kind}: gain {gain_ms / 1000:.2f} s <= margin {need_ms / 1000:.2f} s")
+        return Step(kept, build_plan(state, kept, inputs, now_s))
+
+
+def _voluntary_leaves(state: ClusterState, plan: TransitionPlan, decision: Decision) -> bool:
+    """Does the plan stop a worker whose GPUs stay usable and in a group the decision keeps using?"""
+    used = {t.node for t in decision.targets}
+    for a in plan.actions:
+        if a.kind == "stop" and all(state.gpu(g).usable for g in a.gpus) and state.gpu(a.gpus[0]).node in used:
+            return True
+    return False
+
+
+POLICIES: dict[str, PearlPolicy] = {
+    "pearl": PearlPolicy("pearl"),
+    "pearl-no-borrow": PearlPolicy("pearl-no-borrow", borrow=False),
+    "pearl-fixed-pd": PearlPolicy("pearl-fixed-pd", fixed_pd=True),
+    "pearl-no-gate": PearlPolicy("pearl-no-gate", gate=False),
+    # ROLL: the reserved rollout GPUs only, colocated, nothing elastic, no borrowing
+    "roll": PearlPolicy("roll", borrow=False, gate=False, elastic=False, pools=("rollout",), modes=("colocated",)),
+    # RLBoost+: harvests elastic GPUs at once, fixed (best static) P:D, no borrowing
+    "rlboost+": PearlPolicy("rlboost+", borrow=False, gate=False, fixed_pd=True),
+}
+
+
+def get_policy(name: str, backend: str | None = None) -> PearlPolicy:
+    """A policy by name (models.config.PolicySpec.name); unknown names raise KeyError listing the known ones."""
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; one of {sorted(POLICIES)}")
+    pol = POLICIES[name]
+    return replace(pol, backend=backend) if backend else pol

@@ -48,3 +48,215 @@ class TransitionPlan:
     @property
     def empty(self) -> bool:
         return not self.actions
+
+
+# ----------------------------------------------------------------------------- planning
+import numpy as np  # noqa: E402
+from scipy.optimize import linear_sum_assignment  # noqa: E402
+
+from planner.decision import Decision  # noqa: E402
+from planner.inputs import PlanningInputs  # noqa: E402
+from planner.milp import _ms, borrow_window_open  # noqa: E402
+from planner.state import ROLES, ClusterState, Worker  # noqa: E402
+
+BIG = 1e12
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Prices the worker matching minimises (any consistent unit)."""
+
+    start: dict[str, float]  # per pool
+    stop: float
+    switch: float
+
+
+def unit_costs(inputs: PlanningInputs) -> UnitCosts:
+    c = inputs.costs
+    return UnitCosts(dict(c.start_s), c.stop_s, c.switch_s)
+
+
+def match_workers(workers: list[Worker], target: dict[str, int], tp: dict[str, int], pool: str, costs: UnitCosts) -> tuple[dict[str, str | None], dict[str, int]]:
+    """Min-cost assignment of a node group's workers to its target slots.
+
+    Returns worker id -> new role (None: stop) and the unfilled slots per role (starts).
+    Keeping a worker in its role is free; switching costs `switch` (same TP only);
+    stopping costs `stop`; every slot left unfilled costs a start.
+    """
+    slots = [r for r in ROLES for _ in range(target.get(r, 0))]
+    n, m = len(workers), len(slots)
+    if n == 0:
+        return {}, {r: target.get(r, 0) for r in ROLES}
+    cost = np.full((n, m + n), 0.0)
+    for i, w in enumerate(workers):
+        for j, r in enumerate(slots):
+            if w.tp != tp[r]:
+                cost[i, j] = BIG
+            else:
+                cost[i, j] = (0.0 if w.role == r else costs.switch) - costs.start[pool]
+        cost[i, m:] = costs.stop
+    rows, cols = linear_sum_assignment(cost)
+    out: dict[str, str | None] = {}
+    filled = {r: 0 for r in ROLES}
+    for i, j in zip(rows, cols):
+        if j < m and cost[i, j] < BIG / 2:
+            out[workers[i].id] = slots[j]
+            filled[slots[j]] += 1
+        else:
+            out[workers[i].id] = None
+    return out, {r: target.get(r, 0) - filled[r] for r in ROLES}
+
+
+def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, now_s: float, costs: UnitCosts | None = None) -> TransitionPlan:
+    """Ordered actions that turn `state` into `decision` with the cheapest worker changes.
+
+    Ordering: lend before a start on a training GPU; a start that reuses GPUs of a
+    stopping worker waits for that stop; other starts come first and the non-urgent
+    drains wait until those new engines have loaded weights (capacity never dips);
+    drain before switch_role or stop; a borrowed GPU no longer used is returned right
+    after its worker stops, with the trainer's deadline attached.
+    """
+    costs = costs or unit_costs(inputs)
+    c = inputs.costs
+    tp = {r: inputs.tp(r) for r in ROLES}
+    lendable = borrow_window_open(state, inputs, now_s)
+    deadline = state.trainer.next_needs_gpus_at_s
+    targets = {t.key: {r: t.count(r) for r in ROLES} for t in decision.targets}
+    by_group: dict[tuple[str, str, str], list[Worker]] = {}
+    forced: list[Worker] = []  # must leave: lost GPU, preemption notice, wrong TP, recalled training GPU
+    for w in state.workers:
+        if w.draining:
+            continue
+        key = state.group_key_of(w)
+        usable = all(state.gpu(g).usable for g in w.gpus)
+        recalled = key[1] == "training" and not lendable and key not in targets
+        if not usable or w.tp != tp[w.role] or recalled:
+            forced.append(w)
+        else:
+            by_group.setdefault(key, []).append(w)
+    actions: list[Action] = []
+
+    def add(kind: ActionKind, **kw: object) -> int:
+        actions.append(Action(len(actions), kind, **kw))  # type: ignore[arg-type]
+        return len(actions) - 1
+
+    owner = state.owner_of()
+    stop_of: dict[str, int] = {}  # worker id -> its stop action
+    leaving: list[tuple[Worker, bool]] = [(w, True) for w in forced]  # (worker, urgent)
+    switching: list[tuple[Worker, str]] = []
+    starts: list[tuple[tuple[str, str, str], str, tuple[str, ...], tuple[str, ...]]] = []  # key, role, gpus, reused-from workers
+    groups = {g.key: g for g in state.groups()}
+    for key in sorted(set(by_group) | set(targets)):
+        ws = sorted(by_group.get(key, []), key=lambda w: (-w.weight_version, w.id))
+        assign, need = match_workers(ws, targets.get(key, {}), tp, key[1], costs)
+        for w in ws:
+            new = assign[w.id]
+            if new is None:
+                leaving.append((w, False))
+            elif new != w.role:
+                switching.append((w, new))
+        staying = {gid for w in ws if assign[w.id] is not None for gid in w.gpus}
+        leaving_here = {gid for w in ws if assign[w.id] is None for gid in w.gpus}
+        grp = groups.get(key)
+        free = [g for g in (grp.gpu_ids if grp else ()) if state.gpu(g).usable and g not in staying and g not in leaving_here and g not in owner]
+        free += [g for g in (grp.gpu_ids if grp else ()) if g in leaving_here]
+        for r in sorted(ROLES, key=lambda r: -tp[r]):
+            for _ in range(need[r]):
+                gpus, free = tuple(free[: tp[r]]), free[tp[r] :]
+                if len(gpus) < tp[r]:
+                    raise ValueError(f"decision puts more {r} instances on {key[0]} than its usable GPUs hold")
+                starts.append((key, r, gpus, tuple(sorted({owner[g] for g in gpus if g in owner}))))
+    # stops of leaving workers (urgent ones first, no waiting)
+    drain_of: dict[str, int] = {}
+    for w, urgent in leaving:
+        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, duration_s=c.drain_s)
+        drain_of[w.id] = d
+        stop_of[w.id] = add("stop", worker=w.id, gpus=w.gpus, from_role=w.role, after=(d,))
+    returns = 0
+    for w, _ in leaving:
+        borrowed = tuple(g for g in w.gpus if state.gpu(g).borrowed)
+        reused = any(w.id in src for _, _, _, src in starts)
+        if borrowed and not (reused and lendable):
+            add("return", gpus=borrowed, after=(stop_of[w.id],), duration_s=c.return_s, deadline_s=deadline)
+            returns += len(borrowed)
+    # borrowed GPUs that hold nothing and are not in the target: give back
+    target_keys = set(targets)
+    idle_borrowed = tuple(g.id for g in state.gpus if g.borrowed and g.id not in owner and (not lendable or (g.node, g.pool, g.type) not in target_keys))
+    if idle_borrowed:
+        add("return", gpus=idle_borrowed, duration_s=c.return_s, deadline_s=deadline)
+        returns += len(idle_borrowed)
+    # starts
+    lent = 0
+    ready: list[int] = []
+    new_id = 0
+    taken = {w.id for w in state.workers}
+    for key, r, gpus, src in starts:
+        deps = [stop_of[s] for s in src if s in stop_of]
+        to_lend = tuple(g for g in gpus if state.gpu(g).pool == "training" and not state.gpu(g).borrowed)
+        if to_lend:
+            deps.append(add("lend", gpus=to_lend, duration_s=c.lend_s, deadline_s=deadline))
+            lent += len(to_lend)
+        while f"w{new_id}" in taken:
+            new_id += 1
+        wid = f"w{new_id}"
+        taken.add(wid)
+        dur = c.engine_start_s if key[1] != "elastic" else c.start_s["elastic"]
+        s = add("start", worker=wid, gpus=gpus, role=r, after=tuple(deps), duration_s=dur)
+        lw = add("load_weights", worker=wid, gpus=gpus, role=r, after=(s,), duration_s=c.weight_load_s)
+        if not src:
+            ready.append(lw)
+    # capacity first: non-urgent drains wait for the new engines that need no freed GPUs
+    urgent = {w.id for w, u in leaving if u}
+    for i, a in enumerate(actions):
+        if a.kind == "drain" and a.worker not in urgent and ready:
+            actions[i] = Action(a.id, a.kind, a.worker, a.gpus, a.role, a.from_role, tuple(ready), a.duration_s, a.deadline_s)
+    for w, r in switching:
+        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, after=tuple(ready), duration_s=c.drain_s)
+        sw = add("switch_role", worker=w.id, gpus=w.gpus, role=r, from_role=w.role, after=(d,), duration_s=c.switch_s)
+        if w.weight_version < state.weight_version:
+            add("load_weights", worker=w.id, gpus=w.gpus, role=r, after=(sw,), duration_s=c.weight_load_s)
+    switched = {w.id for w, _ in switching}
+    for w in state.workers:
+        if w.draining or w.id in switched or w.id in stop_of:
+            continue
+        if w.weight_version < state.weight_version:
+            add("load_weights", worker=w.id, gpus=w.gpus, role=w.role, duration_s=c.weight_load_s)
+    n_starts = sum(1 for a in actions if a.kind == "start")
+    return TransitionPlan(tuple(_topological(actions)), n_starts, len(leaving), len(switching), lent, returns)
+
+
+def _topological(actions: list[Action]) -> list[Action]:
+    """Stable topological order (ids keep their meaning; dependencies come first)."""
+    done: set[int] = set()
+    out: list[Action] = []
+    pending = list(actions)
+    while pending:
+        rest = []
+        for a in pending:
+            if all(d in done for d in a.after):
+                out.append(a)
+                done.add(a.id)
+            else:
+                rest.append(a)
+        if len(rest) == len(pending):
+            raise AssertionError("cyclic plan")
+        pending = rest
+    return out
+
+
+def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInputs, usable_gpus: int) -> int:
+    """The plan's transition cost priced from its actions alone (same units as the program)."""
+    w = inputs.weights.transition_weight / inputs.weights.horizon_batches
+    denom = max(usable_gpus, 1)
+    c = inputs.costs
+    total = 0
+    for a in plan.actions:
+        n = len(a.gpus)
+        if a.kind == "start":
+            pool = state.gpu(a.gpus[0]).pool
+            total += _ms(w * c.start_s[pool] * n / denom)
+        elif a.kind == "stop":
+            total += _ms(w * c.stop_s * n / denom)
+        elif a.kind == "switch_role":
+            total += _ms(w * c.switch_s * n / denom)
+    return total

@@ -1,0 +1,244 @@
+"""Solver backends for the planning program (see planner/milp.py for the model).
+
+`linear_model` writes the program once as plain data (variables, rows, objective); CP-SAT,
+MathOpt/HiGHS and pywraplp CBC/SCIP translate that data. PuLP is modelled independently in
+planner/pulp_model.py, so a slip in this builder shows up as a disagreement in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from planner.milp import PlanningProblem, Solution
+
+BACKENDS = ("cpsat", "highs", "cbc", "scip", "pulp")
+
+
+@dataclass
+class LinearModel:
+    """min c.x + const  s.t.  lo <= A x <= hi,  integer x in [lb, ub]."""
+
+    lb: list[int] = field(default_factory=list)
+    ub: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    rows: list[tuple[list[tuple[int, int]], float, float]] = field(default_factory=list)
+    obj: dict[int, int] = field(default_factory=dict)
+    const: int = 0
+    x: list[list[int | None]] = field(default_factory=list)  # per group, per role: var index or None
+    T: int = -1
+
+    def var(self, name: str, lb: int, ub: int) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.names.append(name)
+        return len(self.lb) - 1
+
+    def row(self, terms: list[tuple[int, int]], lo: float, hi: float) -> None:
+        self.rows.append((terms, lo, hi))
+
+    def cost(self, v: int, c: int) -> None:
+        if c:
+            self.obj[v] = self.obj.get(v, 0) + c
+
+
+INF = math.inf
+
+
+def linear_model(p: PlanningProblem) -> LinearModel:
+    lm = LinearModel(const=p.constant_ms)
+    tp = p.tp
+    role_vars: list[list[tuple[int, int]]] = [[], [], []]  # (var, coef) for N_r
+    kv_terms: list[list[tuple[int, int]]] = [[], [], []]
+    gpu_terms: list[tuple[int, int]] = []
+    classes = p.tp_classes()
+    for gi, g in enumerate(p.groups):
+        xs: list[int | None] = [None, None, None]
+        cap_terms = []
+        ds: list[int | None] = [None, None, None]
+        ss: list[int | None] = [None, None, None]
+        for r in range(3):
+            ub = g.ub(r, tp[r])
+            if ub == 0 and g.cur[r] == 0:
+                continue
+            v = lm.var(f"x[{gi},{r}]", 0, ub)
+            xs[r] = v
+            role_vars[r].append((v, 1))
+            kv_terms[r].append((v, g.kv_units[r]))
+            gpu_terms.append((v, tp[r]))
+            cap_terms.append((v, tp[r]))
+            if g.cur[r] == 0 and not any(g.cur):
+                lm.cost(v, g.start_ms[r])
+                continue
+            d = lm.var(f"d[{gi},{r}]", 0, ub)
+            s = lm.var(f"s[{gi},{r}]", 0, g.total_cur(r))
+            ds[r], ss[r] = d, s
+            lm.row([(d, 1), (s, -1), (v, -1)], -g.total_cur(r), -g.total_cur(r))
+            lm.cost(d, g.start_ms[r])
+            lm.cost(s, g.stop_ms[r])
+        if cap_terms:
+            lm.row(cap_terms, -INF, g.total_cap)
+        for roles in classes:
+            save = p.switch_saving(g, roles)
+            if save <= 0 or not any(g.cur[r] for r in roles):
+                continue
+            dd = [(ds[r], 1) for r in roles if ds[r] is not None]
+            sv = [(ss[r], 1) for r in roles if ss[r] is not None]
+            if not dd or not sv:
+                continue
+            u = lm.var(f"u[{gi}]", 0, sum(g.total_cur(r) for r in roles))
+            lm.row([(u, 1)] + [(v, -c) for v, c in dd], -INF, 0)
+            lm.row([(u, 1)] + [(v, -c) for v, c in sv], -INF, 0)
+            lm.cost(u, -save)
+        lm.x.append(xs)
+    # mode and one-hot selection over pruned tables
+    lo_m = 0 if "colocated" in p.modes else 1
+    hi_m = 1 if "disaggregated" in p.modes else 0
+    if p.fixed_pd is not None:
+        lo_m = 1
+    m = lm.var("m", lo_m, hi_m)
+    t_max = max([t for e in p.entries for _, t in e] + [0])
+    T = lm.var("T", 0, t_max)
+    lm.T = T
+    lm.cost(T, 1)
+    for r in range(3):
+        n_max = sum(lm.ub[v] for v, _ in role_vars[r])
+        ys = []
+        for k, t in p.entries[r]:
+            if k > p.max_instances(r):
+                continue
+            ys.append((lm.var(f"y[{r},{k}]", 0, 1), k, t))
+        lm.row([(y, 1) for y, _, _ in ys], 1, 1)
+        y0 = ys[0][0]
+        # role unused <=> entry 0: colocated when m = 1, prefill/decode when m = 0
+        if r == 0:
+            lm.row([(y0, 1), (m, -1)], 0, 0)
+            if role_vars[r]:
+                lm.row(role_vars[r] + [(m, max(n_max, 1))], -INF, max(n_max, 1))  # N_C <= M (1 - m)
+        else:
+            lm.row([(y0, 1), (m, 1)], 1, 1)
+            if role_vars[r]:
+                lm.row(role_vars[r] + [(m, -max(n_max, 1))], -INF, 0)  # N_r <= M m
+        # N_r >= sum k y_k ; T >= sum t_k y_k
+        lm.row(role_vars[r] + [(y, -k) for y, k, _ in ys if k], 0, INF)
+        lm.row([(T, 1)] + [(y, -t) for y, _, t in ys if t], 0, INF)
+    # memory: KV of the batch resident on the serving role
+    if p.kv_demand_units > 0:
+        lm.row(kv_terms[0] + [(m, p.kv_demand_units)], p.kv_demand_units, INF)  # kv_C >= dem (1 - m)
+        lm.row(kv_terms[2] + [(m, -p.kv_demand_units)], 0, INF)  # kv_D >= dem m
+    if p.fixed_pd is not None:
+        lm.row(role_vars[1], p.fixed_pd[0], p.fixed_pd[0])
+        lm.row(role_vars[2], p.fixed_pd[1], p.fixed_pd[1])
+    if p.max_gpus is not None:
+        lm.row(gpu_terms, -INF, p.max_gpus)
+    return lm
+
+
+def _solution(p: PlanningProblem, lm: LinearModel, values: list[float] | None, status: str, obj: float, bound: float, ms: float, backend: str) -> Solution:
+    if values is None:
+        return Solution(status, tuple((0, 0, 0) for _ in p.groups), 0, 0, bound, ms, backend)
+    x = tuple(tuple(int(round(values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
+    return Solution(status, x, int(round(values[lm.T])), int(round(obj)), bound, ms, backend)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------- CP-SAT
+def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0) -> Solution:
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    lm = linear_model(p)
+    model = cp_model.CpModel()
+    xs = [model.new_int_var(lb, ub, "") for lb, ub in zip(lm.lb, lm.ub)]
+    for terms, lo, hi in lm.rows:
+        expr = sum(c * xs[v] for v, c in terms)
+        if lo == hi:
+            model.add(expr == int(lo))
+        else:
+            if lo != -INF:
+                model.add(expr >= int(math.ceil(lo)))
+            if hi != INF:
+                model.add(expr <= int(math.floor(hi)))
+    model.minimize(sum(c * xs[v] for v, c in lm.obj.items()) + lm.const)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.max_time_in_seconds = time_limit_s
+    st = solver.solve(model)
+    ms = (time.perf_counter() - t0) * 1000
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        vals = [solver.value(v) for v in xs]
+        return _solution(p, lm, vals, "optimal" if st == cp_model.OPTIMAL else "feasible", solver.objective_value, solver.best_objective_bound, ms, "cpsat")
+    status = "infeasible" if st == cp_model.INFEASIBLE else "no_solution"
+    return _solution(p, lm, None, status, math.inf, -math.inf, ms, "cpsat")
+
+
+# ------------------------------------------------------------------------------------- MathOpt / HiGHS
+def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed: int = 0) -> Solution:
+    import datetime
+
+    from ortools.math_opt.python import mathopt
+
+    t0 = time.perf_counter()
+    lm = linear_model(p)
+    model = mathopt.Model(name="pearl")
+    xs = [model.add_integer_variable(lb=lb, ub=ub) for lb, ub in zip(lm.lb, lm.ub)]
+    for terms, lo, hi in lm.rows:
+        model.add_linear_constraint(lb=lo, ub=hi, expr=mathopt.LinearSum(c * xs[v] for v, c in terms))
+    model.minimize(mathopt.LinearSum(c * xs[v] for v, c in lm.obj.items()) + lm.const)
+    params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit_s), random_seed=seed, relative_gap_tolerance=0.0, absolute_gap_tolerance=0.5)
+    res = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params)
+    ms = (time.perf_counter() - t0) * 1000
+    reason = res.termination.reason
+    TR = mathopt.TerminationReason
+    if res.has_primal_feasible_solution():
+        vals = [res.variable_values(v) for v in xs]
+        opt = reason == TR.OPTIMAL
+        bound = res.termination.objective_bounds.dual_bound
+        return _solution(p, lm, vals, "optimal" if opt else "feasible", round(res.objective_value()), bound, ms, "highs")
+    status = "infeasible" if reason in (TR.INFEASIBLE, TR.INFEASIBLE_OR_UNBOUNDED) else "no_solution"
+    return _solution(p, lm, None, status, math.inf, -math.inf, ms, "highs")
+
+
+# ------------------------------------------------------------------------------------- pywraplp CBC / SCIP
+def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solution:
+    from ortools.linear_solver import pywraplp
+
+    t0 = time.perf_counter()
+    lm = linear_model(p)
+    solver = pywraplp.Solver.CreateSolver(engine.upper())
+    if solver is None:
+        raise RuntimeError(f"OR-Tools was built without {engine}")
+    xs = [solver.IntVar(lb, ub, f"v{i}") for i, (lb, ub) in enumerate(zip(lm.lb, lm.ub))]
+    inf = solver.infinity()
+    for terms, lo, hi in lm.rows:
+        ct = solver.Constraint(-inf if lo == -INF else lo, inf if hi == INF else hi)
+        for v, c in terms:
+            ct.SetCoefficient(xs[v], ct.GetCoefficient(xs[v]) + c)
+    obj = solver.Objective()
+    for v, c in lm.obj.items():
+        obj.SetCoefficient(xs[v], c)
+    obj.SetOffset(lm.const)
+    obj.SetMinimization()
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    st = solver.Solve()
+    ms = (time.perf_counter() - t0) * 1000
+    if st in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        vals = [v.solution_value() for v in xs]
+        return _solution(p, lm, vals, "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible", round(obj.Value()), obj.BestBound(), ms, engine)
+    status = "infeasible" if st == pywraplp.Solver.INFEASIBLE else "no_solution"
+    return _solution(p, lm, None, status, math.inf, -math.inf, ms, engine)
+
+
+def solve(p: PlanningProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
+    if backend == "cpsat":
+        return solve_cpsat(p, time_limit_s, workers, seed)
+    if backend == "highs":
+        return solve_highs(p, time_limit_s, seed=seed)
+    if backend in ("cbc", "scip"):
+        return solve_pywraplp(p, time_limit_s, backend)
+    if backend == "pulp":
+        from planner.pulp_model import solve_pulp
+
+        return solve_pulp(p, time_limit_s)
+    raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")

@@ -1,0 +1,361 @@
+"""The integer program of one planning step: GPU-to-role assignment, exact w.r.t. the predictor.
+
+Data (`PlanningProblem`, integers in milliseconds so every backend sees the same numbers):
+  groups g    interchangeable GPUs (node, pool, type) with `cap` usable GPUs and `cur[r]`
+              current instances of role r whose GPUs stay usable.
+  tables      per role r: entries (k, t_ms) = "with at least k instances the role's path
+              completes in t_ms". Extra instances may idle, so completion is the running
+              minimum of the predictor's table; entries that do not improve on a smaller k
+              are dominated and pruned. Entry (0, 0) means "role unused".
+Variables:
+  x[g,r]      instances of role r on group g (TP GPUs each, inside the group: TP within node)
+  d[g,r], s[g,r]  instances started / stopped;  d - s = x - cur
+  u[g,c]      survivors that switch role inside TP class c (same TP): u <= sum d, u <= sum s
+  m           1 = disaggregated; y[r,k] one-hot selection of table entry k of role r
+  T           predicted completion (ms): T >= sum_k t_ms[r,k] y[r,k] for every role
+Constraints (families, named when infeasible):
+  availability    sum_r tp_r x[g,r] <= cap[g]   (preempted / noticed GPUs have cap 0)
+  borrow_window   training groups have cap 0 unless the trainer waits and lend + return fit
+                  before it needs its GPUs (decided from data; see build_problem)
+  memory          role r only where weights fit; sum_g kv[g,r] x[g,r] >= KV demand for the
+                  serving role (colocated or decode)
+  mode            y[C,0] = m, y[P,0] = y[D,0] = 1 - m; N_r >= sum_k k y[r,k]; N_C <= M(1-m) ...
+  policy          fixed mode / fixed P:D counts / allowed pools (baselines, ablations)
+Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant
+  (start/stop/switch priced as seconds of blocked GPUs spread over the usable GPUs, times
+  the configured transition weight; `constant_ms` prices unavoidable stops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.inputs import KV_UNIT_TOKENS, PlanningInputs
+from planner.state import ROLES, ClusterState
+
+FAMILIES = ("availability", "borrow_window", "memory", "policy")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Policy-level restrictions of the program."""
+
+    allow_borrow: bool = True
+    allow_elastic: bool = True
+    pools: tuple[str, ...] = ("rollout", "elastic", "training")
+    modes: tuple[str, ...] = ("colocated", "disaggregated")
+    fixed_pd: tuple[int, int] | None = None  # exact (prefill, decode) instance counts
+    max_gpus: int | None = None  # at most this many GPUs in rollout (roll's fixed size)
+    relax: tuple[str, ...] = ()  # constraint families switched off (infeasibility diagnosis)
+    aggregate: bool = True  # fold identical nodes into classes (exact; off only to test that it is)
+
+
+@dataclass(frozen=True)
+class GroupData:
+    """Identical interchangeable-GPU groups folded into one class of `mult` nodes.
+
+    Nodes of one pool and type with the same usable count and the same current instances
+    per role are exchangeable; with one TP degree for all roles (or no current instances
+    and capacity a multiple of every TP) a class-level solution splits back into per-node
+    ones of the same cost (`split_to_nodes`), so the class is exact, not an approximation.
+    `cap` and `cur` are per node.
+    """
+
+    nodes: tuple[str, ...]
+    pool: str
+    gpu_type: str
+    cap: int
+    cur: tuple[int, int, int]  # colocated, prefill, decode (per node)
+    allowed: tuple[bool, bool, bool]  # weights fit on this group's GPUs
+    kv_units: tuple[int, int, int]  # KV capacity per instance, in KV_UNIT_TOKENS
+    start_ms: tuple[int, int, int]
+    stop_ms: tuple[int, int, int]
+    switch_ms: tuple[int, int, int]  # cost of switching INTO role r (drain + restart)
+
+    @property
+    def mult(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_cap(self) -> int:
+        return self.cap * self.mult
+
+    def total_cur(self, r: int) -> int:
+        return self.cur[r] * self.mult
+
+    def ub(self, r: int, tp: int) -> int:
+        return (self.cap // tp) * self.mult if self.allowed[r] else 0
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    groups: tuple[GroupData, ...]
+    tp: tuple[int, int, int]
+    entries: tuple[tuple[tuple[int, int], ...], ...]  # per role: (k, t_ms), k=0 first
+    modes: tuple[str, ...]
+    fixed_pd: tuple[int, int] | None
+    max_gpus: int | None
+    kv_demand_units: int
+    constant_ms: int  # unavoidable stops (lost / mis-sized / recalled workers)
+    usable_gpus: int
+    relax: tuple[str, ...] = ()
+    borrow_closed: bool = False  # training GPUs exist but the borrow window is shut
+    notes: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def max_instances(self, r: int) -> int:
+        return sum(g.ub(r, self.tp[r]) for g in self.groups)
+
+    def tp_classes(self) -> list[list[int]]:
+        classes: dict[int, list[int]] = {}
+        for r, t in enumerate(self.tp):
+            classes.setdefault(t, []).append(r)
+        return [rs for rs in classes.values() if len(rs) > 1]
+
+    def switch_saving(self, g: GroupData, roles: list[int]) -> int:
+        """ms saved by one switch instead of a stop + start (same for all roles in a TP class)."""
+        r_in = roles[0]
+        return max(0, g.start_ms[r_in] + g.stop_ms[r_in] - g.switch_ms[r_in])
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000.0))
+
+
+def prune_table(seconds: np.ndarray, k_max: int) -> tuple[tuple[int, int], ...]:
+    """(k, t_ms) entries of the running-minimum table that strictly improve, plus (0, 0).
+
+    An entry that is no faster than one with fewer instances is dominated: the solver may
+    always idle the extra instances, so it never needs to select it.
+    """
+    out: list[tuple[int, int]] = [(0, 0)]
+    best = math.inf
+    for k in range(1, min(k_max, seconds.shape[0] - 1) + 1):
+        t = float(seconds[k])
+        if not math.isfinite(t):
+            continue
+        tm = _ms(t)
+        if tm < best:
+            best = tm
+            out.append((k, tm))
+    return tuple(out)
+
+
+def _completion_floor(entries: tuple[tuple[tuple[int, int], ...], ...]) -> int:
+    best = [min((t for k, t in e if k > 0), default=None) for e in entries]
+    cands = []
+    if best[0] is not None:
+        cands.append(best[0])
+    if best[1] is not None and best[2] is not None:
+        cands.append(max(best[1], best[2]))
+    return min(cands) if cands else 0
+
+
+def borrow_window_open(state: ClusterState, inputs: PlanningInputs, now_s: float) -> bool:
+    t = state.trainer
+    return t.phase == "waiting" and now_s + inputs.costs.lend_s + inputs.costs.return_s <= t.next_needs_gpus_at_s
+
+
+def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem:
+    """Fold the state into group data and integer costs (pure)."""
+    tp = tuple(inputs.tp(r) for r in ROLES)
+    relax = options.relax
+    lendable = borrow_window_open(state, inputs, now_s) and options.allow_borrow
+    pools = set(options.pools)
+    if not options.allow_elastic:
+        pools.discard("elastic")
+    if not options.allow_borrow:
+        pools.discard("training")
+    raw = []
+    for grp in state.groups():
+        cap = grp.usable
+        if grp.pool not in pools and "policy" not in relax:
+            cap = 0
+        if grp.pool == "training" and not lendable and "borrow_window" not in relax:
+            cap = 0
+        raw.append((grp, cap))
+    usable = sum(c for _, c in raw)
+    denom = max(usable, 1)
+    w = inputs.weights.transition_weight / inputs.weights.horizon_batches  # cost per batch of the horizon
+    c = inputs.costs
+    # current instances per group/role, and the price of the ones that cannot stay
+    cur: dict[tuple[str, str, str], list[int]] = {}
+    constant = 0
+    cap_of = {grp.key: cap for grp, cap in raw}
+    for wk in state.workers:
+        if wk.draining:
+            continue
+        key = state.group_key_of(wk)
+        r = ROLES.index(wk.role)
+        ok = wk.tp == tp[r] and all(state.gpu(gid).usable for gid in wk.gpus) and cap_of.get(key, 0) >= wk.tp
+        if ok:
+            cur.setdefault(key, [0, 0, 0])[r] += 1
+        else:
+            constant += _ms(w * c.stop_s * wk.tp / denom)
+    classes: dict[tuple, list[str]] = {}
+    single_tp = len(set(tp)) == 1
+    for grp, cap in raw:
+        cu = tuple(cur.get(grp.key, [0, 0, 0]))
+        exact = single_tp or (not any(cu) and all(cap % t == 0 for t in tp))
+        key = (grp.pool, grp.type, cap, cu, "" if (exact and options.aggregate) else grp.node)
+        classes.setdefault(key, []).append(grp.node)
+    groups = []
+    for (pool, typ, cap, cu, _), nodes in classes.items():
+        allowed = tuple(inputs.memory.fits_weights(typ, t) or "memory" in relax for t in tp)
+        kv = tuple(int(inputs.memory.kv_capacity_tokens(typ, t) // KV_UNIT_TOKENS) for t in tp)
+        start = tuple(_ms(w * c.start_s[pool] * t / denom) for t in tp)
+        stop = tuple(_ms(w * c.stop_s * t / denom) for t in tp)
+        switch = tuple(_ms(w * c.switch_s * t / denom) for t in tp)
+        groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, kv, start, stop, switch))  # type: ignore[arg-type]
+    probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, 0, usable)
+    entries = tuple(prune_table(inputs.table(r).seconds, probe.max_instances(i)) for i, r in enumerate(ROLES))
+    # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
+    # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions
+    floor = _completion_floor(entries)
+    entries = tuple(((0, floor),) + e[1:] for e in entries)
+    demand = 0 if "memory" in relax else int(math.ceil(inputs.memory.kv_demand_tokens / KV_UNIT_TOKENS))
+    modes = options.modes if "policy" not in relax else ("colocated", "disaggregated")
+    fixed = options.fixed_pd if "policy" not in relax else None
+    mx = options.max_gpus if "policy" not in relax else None
+    closed = any(g.pool == "training" and g.usable for g in state.groups()) and options.allow_borrow and not lendable
+    return PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, relax, closed)
+
+
+# ------------------------------------------------------------------------------------- solution
+@dataclass(frozen=True)
+class Solution:
+    status: str  # optimal | feasible | infeasible | no_solution
+    x: tuple[tuple[int, int, int], ...]  # per group
+    completion_ms: int
+    objective_ms: int
+    best_bound_ms: float
+    solve_ms: float
+    backend: str
+    infeasible_family: str | None = None
+
+    @property
+    def gap(self) -> float:
+        if self.status not in ("optimal", "feasible"):
+            return math.inf
+        return max(0.0, (self.objective_ms - self.best_bound_ms) / max(abs(self.objective_ms), 1))
+
+    def totals(self) -> tuple[int, int, int]:
+        return tuple(sum(v[r] for v in self.x) for r in range(3))  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------- evaluation
+def completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
+    """Predicted completion of role totals (running-min tables), None if the mode is invalid."""
+    n_c, n_p, n_d = totals
+
+    def best(r: int, n: int) -> int | None:
+        vals = [t for k, t in problem.entries[r] if 1 <= k <= n]
+        return min(vals) if vals else None
+
+    if n_c > 0 and n_p == 0 and n_d == 0:
+        return best(0, n_c) if "colocated" in problem.modes else None
+    if n_c == 0 and n_p > 0 and n_d > 0:
+        if "disaggregated" not in problem.modes:
+            return None
+        a, b = best(1, n_p), best(2, n_d)
+        return None if a is None or b is None else max(a, b)
+    return None
+
+
+def group_transition_ms(problem: PlanningProblem, g: GroupData, x: tuple[int, int, int]) -> int:
+    """Cheapest way to turn the class's current instances into x: keep, switch (same TP), stop, start."""
+    d = [max(0, x[r] - g.total_cur(r)) for r in range(3)]
+    s = [max(0, g.total_cur(r) - x[r]) for r in range(3)]
+    total = sum(g.start_ms[r] * d[r] + g.stop_ms[r] * s[r] for r in range(3))
+    for roles in problem.tp_classes():
+        u = min(sum(d[r] for r in roles), sum(s[r] for r in roles))
+        total -= problem.switch_saving(g, roles) * u
+    return total
+
+
+def feasible(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...]) -> bool:
+    tp = problem.tp
+    for g, v in zip(problem.groups, x):
+        if any(n < 0 for n in v) or sum(tp[r] * v[r] for r in range(3)) > g.total_cap:
+            return False
+        if any(v[r] > g.ub(r, tp[r]) for r in range(3)):
+            return False
+    tot = tuple(sum(v[r] for v in x) for r in range(3))
+    if completion_ms(problem, tot) is None:  # type: ignore[arg-type]
+        return False
+    serving = 0 if tot[0] > 0 else 2
+    kv = sum(g.kv_units[serving] * v[serving] for g, v in zip(problem.groups, x))
+    if kv < problem.kv_demand_units:
+        return False
+    if problem.fixed_pd is not None and (tot[1], tot[2]) != problem.fixed_pd:
+        return False
+    if problem.max_gpus is not None and sum(tp[r] * tot[r] for r in range(3)) > problem.max_gpus:
+        return False
+    return True
+
+
+def split_to_nodes(problem: PlanningProblem, g: GroupData, x: tuple[int, int, int]) -> list[tuple[str, tuple[int, int, int]]]:
+    """Per-node counts of a class total x with the class's transition cost.
+
+    Survivors stay where they are; a role's surplus is removed node by node; the freed
+    slots on a node are refilled first with deficit roles of the same TP (a switch on the
+    same node), then new instances go, largest TP first, where there is room.
+    """
+    tp = problem.tp
+    per = [list(g.cur) for _ in g.nodes]
+    for r in range(3):
+        extra = g.total_cur(r) - x[r]
+        i = 0
+        while extra > 0:
+            if per[i % g.mult][r] > 0:
+                per[i % g.mult][r] -= 1
+                extra -= 1
+            i += 1
+    need = [max(0, x[r] - g.total_cur(r)) for r in range(3)]
+    freed = [[g.cur[r] - per[n][r] for r in range(3)] for n in range(g.mult)]
+    # switches: reuse slots freed on the same node by a role of the same TP
+    for n in range(g.mult):
+        for r in range(3):
+            for q in range(3):
+                while need[r] and freed[n][q] and tp[q] == tp[r] and q != r:
+                    per[n][r] += 1
+                    freed[n][q] -= 1
+                    need[r] -= 1
+    for r in sorted(range(3), key=lambda r: -tp[r]):
+        for n in range(g.mult):
+            while need[r] and sum(tp[q] * per[n][q] for q in range(3)) + tp[r] <= g.cap:
+                per[n][r] += 1
+                need[r] -= 1
+    if any(need):
+        raise AssertionError(f"class of {g.mult} nodes cannot host {x}: aggregation was not exact")
+    return [(node, (v[0], v[1], v[2])) for node, v in zip(g.nodes, per)]
+
+
+def evaluate(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...]) -> int | None:
+    """The objective of an assignment computed from scratch (None if infeasible)."""
+    if not feasible(problem, x):
+        return None
+    tot = tuple(sum(v[r] for v in x) for r in range(3))
+    t = completion_ms(problem, tot)  # type: ignore[arg-type]
+    assert t is not None
+    return t + sum(group_transition_ms(problem, g, v) for g, v in zip(problem.groups, x)) + problem.constant_ms
+
+
+def diagnose(problem: PlanningProblem, rebuild, solve_fn) -> str:
+    """Name the constraint family that makes `problem` infeasible.
+
+    `rebuild(relax)` builds the same problem with families switched off; the first family
+    whose relaxation restores feasibility is reported. Otherwise the GPUs themselves are
+    missing: 'tp_within_node' when enough GPUs exist but no node holds a TP group, else
+    'availability'.
+    """
+    for fam in ("policy", "borrow_window", "memory"):
+        sol = solve_fn(rebuild((fam,)))
+        if sol.status in ("optimal", "feasible"):
+            return fam
+    need = min(problem.tp) * (1 if "colocated" in problem.modes else 2)
+    if sum(g.total_cap for g in problem.groups) >= need:
+        return "tp_within_node"
+    return "availability"

@@ -1,0 +1,92 @@
+"""The planning program modelled a second time, independently, in PuLP (solved with CBC).
+
+Same data as planner/backends.py but a different formulation of the transition: explicit
+flows f[g, from, to] of current instances (kept: from == to; switched: same TP only),
+plus stops and starts, instead of aggregated start/stop counts and a switch count. The
+tests require both formulations to reach the same optimum as exhaustive enumeration.
+CBC runs as a subprocess with temporary files: the one backend that touches disk.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pulp
+
+from planner.milp import PlanningProblem, Solution
+
+
+def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
+    t0 = time.perf_counter()
+    prob = pulp.LpProblem("pearl", pulp.LpMinimize)
+    tp = p.tp
+    R = range(3)
+    X, N, KV, G = {}, {r: [] for r in R}, {r: [] for r in R}, []
+    cost_terms = []
+    for gi, g in enumerate(p.groups):
+        used = []
+        for r in R:
+            ub = g.ub(r, tp[r])
+            X[gi, r] = pulp.LpVariable(f"x_{gi}_{r}", 0, ub, cat="Integer")
+            N[r].append(X[gi, r])
+            KV[r].append(g.kv_units[r] * X[gi, r])
+            G.append(tp[r] * X[gi, r])
+            used.append(tp[r] * X[gi, r])
+        prob += pulp.lpSum(used) <= g.total_cap, f"cap_{gi}"
+        flows = {}
+        for a in R:
+            for b in R:
+                if g.cur[a] and tp[a] == tp[b]:
+                    flows[a, b] = pulp.LpVariable(f"f_{gi}_{a}_{b}", 0, g.total_cur(a), cat="Integer")
+        for a in R:
+            stop = pulp.LpVariable(f"stop_{gi}_{a}", 0, g.total_cur(a), cat="Integer")
+            prob += pulp.lpSum(flows[a, b] for b in R if (a, b) in flows) + stop == g.total_cur(a), f"out_{gi}_{a}"
+            cost_terms.append(g.stop_ms[a] * stop)
+        for b in R:
+            start = pulp.LpVariable(f"start_{gi}_{b}", 0, None, cat="Integer")
+            prob += pulp.lpSum(flows[a, b] for a in R if (a, b) in flows) + start == X[gi, b], f"in_{gi}_{b}"
+            cost_terms.append(g.start_ms[b] * start)
+        for (a, b), f in flows.items():
+            if a != b:
+                cost_terms.append(g.switch_ms[b] * f)
+    dis = pulp.LpVariable("dis", 0 if "colocated" in p.modes and p.fixed_pd is None else 1, 1 if "disaggregated" in p.modes else 0, cat="Integer")
+    T = pulp.LpVariable("T", 0, None)
+    for r in R:
+        cap_r = sum(g.ub(r, tp[r]) for g in p.groups)
+        sel = {k: pulp.LpVariable(f"sel_{r}_{k}", 0, 1, cat="Binary") for k, _ in p.entries[r] if k <= cap_r}
+        prob += pulp.lpSum(sel.values()) == 1, f"onehot_{r}"
+        off = sel[0]
+        prob += (off == dis) if r == 0 else (off == 1 - dis), f"off_{r}"
+        big = max(cap_r, 1)
+        prob += (pulp.lpSum(N[r]) <= big * (1 - dis)) if r == 0 else (pulp.lpSum(N[r]) <= big * dis), f"mode_{r}"
+        prob += pulp.lpSum(N[r]) >= pulp.lpSum(k * v for k, v in sel.items()), f"count_{r}"
+        t_of = dict(p.entries[r])
+        prob += T >= pulp.lpSum(t_of[k] * v for k, v in sel.items()), f"time_{r}"
+    if p.kv_demand_units:
+        prob += pulp.lpSum(KV[0]) >= p.kv_demand_units * (1 - dis), "kv_colocated"
+        prob += pulp.lpSum(KV[2]) >= p.kv_demand_units * dis, "kv_decode"
+    if p.fixed_pd is not None:
+        prob += pulp.lpSum(N[1]) == p.fixed_pd[0], "fixed_p"
+        prob += pulp.lpSum(N[2]) == p.fixed_pd[1], "fixed_d"
+    if p.max_gpus is not None:
+        prob += pulp.lpSum(G) <= p.max_gpus, "max_gpus"
+    prob += T + pulp.lpSum(cost_terms) + p.constant_ms
+    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5)
+    prob.solve(solver)
+    ms = (time.perf_counter() - t0) * 1000
+    status = pulp.LpStatus[prob.status]
+    sol_status = prob.sol_status
+    if status == "Optimal" and sol_status == pulp.LpSolutionOptimal:
+        st = "optimal"
+    elif sol_status in (pulp.LpSolutionIntegerFeasible,) or (status == "Optimal" and sol_status != pulp.LpSolutionOptimal):
+        st = "feasible"
+    elif status == "Infeasible":
+        return Solution("infeasible", tuple((0, 0, 0) for _ in p.groups), 0, 0, -math.inf, ms, "pulp")
+    else:
+        return Solution("no_solution", tuple((0, 0, 0) for _ in p.groups), 0, 0, -math.inf, ms, "pulp")
+    x = tuple(tuple(int(round(X[gi, r].value() or 0)) for r in R) for gi in range(len(p.groups)))
+    obj = int(round(pulp.value(prob.objective)))
+    # PuLP's CBC interface reports no dual bound: only a proven optimum has bound == objective
+    bound = float(obj) if st == "optimal" else -math.inf
+    return Solution(st, x, int(round(T.value())), obj, bound, ms, "pulp")  # type: ignore[arg-type]
