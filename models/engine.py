@@ -219,6 +219,10 @@ class Engine:
     def idle(self) -> bool:
         return self._kind == "idle"
 
+    def holds(self, rid: int) -> bool:
+        """Is this request on the engine (waiting or running)? For conservation checks."""
+        return rid in self._seqs or any(w.req.rid == rid for w in self._waiting)
+
     # ------------------------------------------------------------------ commands
     def submit(self, req: Request, now: float) -> None:
         """A request arrives at `now`; it is scheduled from the next step boundary."""

@@ -1,0 +1,1 @@
+"""Trace-driven discrete-event simulator of asynchronous agentic RL (virtual clock)."""

@@ -1,0 +1,127 @@
+"""What one simulation reports: counters, time series, and the paper's throughput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimResult:
+    policy: str
+    hours: float
+    seed: int
+    sim_s: float = 0.0
+    events: int = 0
+    launched: int = 0
+    finished: int = 0
+    in_flight: int = 0
+    lost_trajectories: int = 0
+    resumed: int = 0
+    preempted_instances: int = 0
+    generated_tokens: float = 0.0
+    trained_tokens: float = 0.0
+    steps: int = 0
+    train_busy_s: float = 0.0
+    decisions: int = 0
+    mode_switches: int = 0
+    role_switches: int = 0
+    starts: int = 0
+    stops: int = 0
+    lends: int = 0
+    returns: int = 0
+    late_returns: int = 0
+    return_wait_s: float = 0.0
+    trainer_wait_s: float = 0.0
+    admission_pause_s: float = 0.0
+    wall_s: float = 0.0
+    batch_times_s: list = field(default_factory=list)
+    train_times_s: list = field(default_factory=list)
+    train_wait_s: list = field(default_factory=list)
+    step_end_times_s: list = field(default_factory=list)
+    series: list = field(default_factory=list)
+    elastic_series: list = field(default_factory=list)
+    decision_log: list = field(default_factory=list)
+
+    # ------------------------------------------------------------- derived
+    @property
+    def switches(self) -> int:
+        """Role changes of running instances plus mode changes (colocated <-> disaggregated)."""
+        return self.role_switches + self.mode_switches
+
+    @property
+    def steps_per_h(self) -> float:
+        return self.steps / (self.sim_s / 3600.0) if self.sim_s else 0.0
+
+    @property
+    def trajectories_per_h(self) -> float:
+        return self.finished / (self.sim_s / 3600.0) if self.sim_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The paper's throughput: (rollout-generated tokens + trained tokens) per second."""
+        return (self.generated_tokens + self.trained_tokens) / self.sim_s if self.sim_s else 0.0
+
+    @property
+    def rollout_share(self) -> float:
+        """Share of end-to-end time in which the trainer is not training (it waits on rollout)."""
+        return 1.0 - min(self.train_busy_s / self.sim_s, 1.0) if self.sim_s else 0.0
+
+    @property
+    def mean_batch_s(self) -> float:
+        return sum(self.batch_times_s) / len(self.batch_times_s) if self.batch_times_s else float("nan")
+
+    @property
+    def mean_step_interval_s(self) -> float:
+        t = self.step_end_times_s
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else float("nan")
+
+    def summary(self) -> dict:
+        """The `pearl compare --json` contract, plus a few extras."""
+        return {
+            "steps_per_h": round(self.steps_per_h, 3),
+            "trajectories_per_h": round(self.trajectories_per_h, 2),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "rollout_share": round(self.rollout_share, 4),
+            "switches": self.switches,
+            "lost_trajectories": self.lost_trajectories,
+            "late_returns": self.late_returns,
+            "steps": self.steps,
+            "trajectories": self.finished,
+            "in_flight": self.in_flight,
+            "generated_tokens": int(self.generated_tokens),
+            "trained_tokens": int(self.trained_tokens),
+            "mean_batch_s": round(self.mean_batch_s, 2) if self.batch_times_s else None,
+            "mean_step_interval_s": round(self.mean_step_interval_s, 2) if len(self.step_end_times_s) > 1 else None,
+            "role_switches": self.role_switches,
+            "mode_switches": self.mode_switches,
+            "starts": self.starts,
+            "stops": self.stops,
+            "lends": self.lends,
+            "preempted_instances": self.preempted_instances,
+            "resumed_requests": self.resumed,
+            "admission_pause_s": round(self.admission_pause_s, 1),
+            "decisions": self.decisions,
+            "events": self.events,
+            "hours": self.hours,
+            "seed": self.seed,
+        }
+
+    def utilization(self) -> dict:
+        """Mean GPUs per pool:role and mean busy fraction per role over the run."""
+        if not self.series:
+            return {}
+        keys = sorted({k for s in self.series for k in s["gpus"]})
+        gpus = {k: round(sum(s["gpus"].get(k, 0) for s in self.series) / len(self.series), 2) for k in keys}
+        roles = sorted({r for s in self.series for r in s["util"]})
+        util = {}
+        for r in roles:
+            vals = [s["util"][r] for s in self.series if any(k.endswith(":" + r) for k in s["gpus"])]
+            util[r] = round(sum(vals) / len(vals), 4) if vals else 0.0
+        return {"mean_gpus": gpus, "busy_fraction": util}
+
+    def to_json(self, series: bool = False) -> dict:
+        out = {"policy": self.policy, **self.summary(), "utilization": self.utilization(), "wall_s": round(self.wall_s, 3)}
+        if series:
+            out["series"] = self.series
+            out["elastic_series"] = self.elastic_series
+        return out

@@ -1,0 +1,99 @@
+"""One entry point for the CLI and experiments: config + policy name + trace flags -> SimResult."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from models.builder import ExperimentModels, build_models
+from models.config import ConfigError, ExperimentSpec
+from runtime.sim.layout import FixedLayout, Layout, SimPolicy
+from runtime.sim.metrics import SimResult
+from runtime.sim.simulator import Simulator
+
+POLICIES = ("pearl", "pearl-no-borrow", "pearl-fixed-pd", "pearl-no-gate", "roll", "rlboost+")
+
+
+@dataclass(frozen=True)
+class TraceFlags:
+    path: str | None = None  # overrides the config's trace path
+    offset_hours: float | None = None
+    hours: float | None = None
+
+
+def node_names(spec: ExperimentSpec) -> dict[int, str]:
+    names, nid = {}, 0
+    for gi, g in enumerate(spec.cluster.nodes):
+        for n in range(g.count):
+            names[nid] = f"{g.pool}{gi}-{n}"
+            nid += 1
+    return names
+
+
+def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -> SimPolicy:
+    """A planner policy by name, or `fixed:<mode>:<c>:<p>:<d>[:<borrow>]` (instance counts) for replays."""
+    if name.startswith("fixed:"):
+        parts = name.split(":")
+        try:
+            mode, c, p, d = parts[1], int(parts[2]), int(parts[3]), int(parts[4])
+            borrow = int(parts[5]) if len(parts) > 5 else 0
+        except (IndexError, ValueError):
+            raise ConfigError(source, "policy", name, "fixed:<colocated|disaggregated>:<c>:<p>:<d>[:<borrow>]") from None
+        tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
+        return FixedLayout(Layout(mode, c, p, d, borrow), tp, name=name)  # type: ignore[arg-type]
+    try:
+        from planner import policies as _p
+
+        known = tuple(getattr(_p, "POLICIES", POLICIES))
+    except ImportError:
+        known = POLICIES
+    if name not in known:
+        raise ConfigError(source, "policy", name, f"one of {list(known)} or fixed:<mode>:<c>:<p>:<d>[:<borrow>]")
+    from runtime.sim.planner_adapter import PlannerPolicy
+
+    return PlannerPolicy(name, models, node_names(models.spec))
+
+
+def load_availability(spec: ExperimentSpec, flags: TraceFlags, hours: float):
+    """The elastic pool's availability over the run (None: no trace, the pool stays full)."""
+    trace = spec.trace
+    if trace is None and flags.path is None:
+        return None
+    from pathlib import Path
+
+    from models.config import TraceSpec
+    from runtime.traces import load_trace  # the trace readers (planner helper's module)
+
+    if trace is None:
+        trace = TraceSpec(path=str(Path(flags.path).resolve()))  # type: ignore[arg-type]
+    update: dict = {}
+    if flags.path is not None:
+        update["path"] = str(Path(flags.path).resolve())
+    if flags.offset_hours is not None:
+        update["offset_hours"] = flags.offset_hours
+    update["hours"] = hours
+    if update:
+        trace = trace.model_copy(update=update)
+    pool = spec.cluster.gpus_in_pool("elastic")
+    return load_trace(trace, pool)
+
+
+def simulate(
+    spec: ExperimentSpec,
+    policy: str | None = None,
+    flags: TraceFlags = TraceFlags(),
+    hours: float | None = None,
+    seed: int | None = None,
+    progress: Callable[[float], None] | None = None,
+    models: ExperimentModels | None = None,
+    sample_s: float = 60.0,
+) -> SimResult:
+    hours = hours or flags.hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    models = models or build_models(spec)
+    pol = make_policy(policy or spec.policy.name, models)
+    avail = load_availability(spec, flags, hours)
+    t0 = time.perf_counter()
+    result = Simulator(models, pol, avail, hours=hours, seed=seed, progress=progress, sample_s=sample_s).run()
+    result.wall_s = time.perf_counter() - t0
+    return result
