@@ -259,7 +259,7 @@ class TraceSpec(Frozen):
     """How a real instance-count trace maps onto elastic GPUs (the mapping is config, never code)."""
 
     path: str
-    format: Literal["auto", "skypilot", "bamboo-count", "bamboo-events"] = "auto"
+    format: Literal["auto", "skypilot", "bamboo-count", "bamboo-minute", "bamboo-delta", "bamboo-events"] = "auto"
     gpus_per_instance: PositiveInt = 1
     time_scale: PositiveFloat = Field(1.0, description="trace seconds per simulated second (>1 compresses)")
     max_gpus: PositiveInt | None = None
@@ -267,6 +267,7 @@ class TraceSpec(Frozen):
     offset_hours: NonNegFloat = 0.0
     hours: PositiveFloat | None = None
     sample_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    initial_instances: Annotated[int, Field(ge=0)] | None = Field(None, description="delta traces: instances before the first event (default: 0 for additions, all removed for removals)")
 
 
 class TrainingSpec(Frozen):

@@ -1,0 +1,272 @@
+"""Real spot-instance traces -> elastic GPU availability over time.
+
+Formats (auto-detected from the file; `TraceSpec.format` may force one):
+  skypilot       JSON {"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}: n_i instances at i*G s
+  bamboo-count   CSV `timestamp,count` (ISO UTC, irregular): instances in service from that time
+  bamboo-minute  CSV `time,count` ("YYYY-mm-dd HH:MM:SS", float counts, every minute)
+  bamboo-delta   CSV of instance changes: `,timestamp,dt,count` (additions, +),
+                 `timestamp,number` (terminations, -), `,dt,count` (found preemptions, -);
+                 count = initial_instances +/- running sum (never below 0). Rows are sorted
+                 by time (the Bamboo terminate file has a few rows out of order).
+  bamboo-events  CSV rows `ms,add|remove,nodeN`: count = nodes added minus removed so far
+
+Mapping to GPUs (models.config.TraceSpec; the mapping is config, never code):
+  window      [offset_hours, offset_hours + hours) of trace time (the whole trace if hours unset);
+              the count in force at the window start is the first sample
+  instances   round(count * sample_fraction)
+  GPUs        instances * gpus_per_instance; with scale_to_pool the window's peak is rescaled to
+              the elastic pool (max_gpus if set, else the pool size) in whole instances;
+              finally clipped to max_gpus
+  time        (trace time - window start) / time_scale
+A trace that is missing, malformed, empty or shorter than the window raises ConfigError.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from models.config import ConfigError, TraceSpec
+
+FORMATS = ("skypilot", "bamboo-count", "bamboo-minute", "bamboo-delta", "bamboo-events")
+_EVENT_ROW = re.compile(r"^\s*\d+\s*,\s*(add|remove)\s*,\s*\S+\s*$")
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    """Elastic GPUs available from times_s[i] (seconds from the window start) until times_s[i+1]."""
+
+    times_s: tuple[float, ...]
+    gpus: tuple[int, ...]
+    source: str
+    duration_s: float
+
+    def at(self, t_s: float) -> int:
+        i = int(np.searchsorted(np.asarray(self.times_s), t_s, side="right")) - 1
+        return self.gpus[max(i, 0)]
+
+    def changes(self) -> list[tuple[float, int]]:
+        """(time, gpus) at the start and wherever the GPU count changes."""
+        out: list[tuple[float, int]] = []
+        for t, g in zip(self.times_s, self.gpus):
+            if not out or g != out[-1][1]:
+                out.append((t, g))
+        return out
+
+    def mean_gpus(self) -> float:
+        """Time-weighted mean over the window."""
+        t = np.asarray(self.times_s + (self.duration_s,))
+        return float(np.sum(np.diff(t) * np.asarray(self.gpus)) / max(self.duration_s, 1e-9))
+
+
+@dataclass(frozen=True)
+class RawTrace:
+    """Instance counts over trace time (seconds from the trace's first sample)."""
+
+    times_s: np.ndarray
+    counts: np.ndarray
+    end_s: float  # the trace covers [0, end_s)
+
+
+def _bad(path: Path, where: str, value: object, allowed: str) -> ConfigError:
+    return ConfigError(path, where, value, allowed)
+
+
+def detect_format(path: Path) -> str:
+    if path.suffix.lower() == ".json":
+        return "skypilot"
+    try:
+        with path.open(newline="") as f:
+            head = f.readline().strip().lower().replace(" ", "")
+    except UnicodeDecodeError:
+        raise _bad(path, "<format>", "binary data", f"one of {list(FORMATS)}") from None
+    if head == "timestamp,count":
+        return "bamboo-count"
+    if head == "time,count":
+        return "bamboo-minute"
+    if head in (",timestamp,dt,count", "timestamp,number", ",dt,count"):
+        return "bamboo-delta"
+    if _EVENT_ROW.match(head):
+        return "bamboo-events"
+    if head.startswith("{"):
+        return "skypilot"
+    raise _bad(path, "<header>", head[:60], f"a known trace header (formats {list(FORMATS)})")
+
+
+def _parse_time(path: Path, line: int, text: str) -> float:
+    s = text.strip().replace("Z", "+00:00")
+    try:
+        dt = datetime.fromisoformat(s)
+    except ValueError:
+        raise _bad(path, f"line {line}", text, "a timestamp like 2021-07-26T18:42:00Z") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def _number(path: Path, line: int, text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise _bad(path, f"line {line}", text, "a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise _bad(path, f"line {line}", text, "a finite count >= 0")
+    return v
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with path.open(newline="") as f:
+        return [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+
+
+def _from_points(times: list[float], counts: list[float], tail_s: float) -> RawTrace:
+    t = np.asarray(times, dtype=float)
+    order = np.argsort(t, kind="stable")
+    t, c = t[order], np.asarray(counts, dtype=float)[order]
+    t0 = t[0]
+    t = t - t0
+    return RawTrace(t, c, float(t[-1] + tail_s))
+
+
+def read_skypilot(path: Path) -> RawTrace:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(path, "<json>", str(exc)[:60], "valid JSON {\"metadata\": {\"gap_seconds\": G}, \"data\": [...]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
+        raise _bad(path, "metadata", type(data).__name__, "an object with metadata.gap_seconds")
+    gap = data["metadata"].get("gap_seconds")
+    if not isinstance(gap, (int, float)) or gap <= 0:
+        raise _bad(path, "metadata.gap_seconds", gap, "a number > 0")
+    vals = data.get("data")
+    if not isinstance(vals, list):
+        raise _bad(path, "data", type(vals).__name__, "a list of instance counts")
+    if not vals:
+        raise _bad(path, "data", "[]", "at least one sample")
+    for i, v in enumerate(vals):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise _bad(path, f"data[{i}]", v, "a count >= 0")
+    n = len(vals)
+    return RawTrace(np.arange(n) * float(gap), np.asarray(vals, dtype=float), n * float(gap))
+
+
+def read_count_csv(path: Path, tail_s: float) -> RawTrace:
+    rows = _rows(path)[1:]
+    if not rows:
+        raise _bad(path, "<rows>", "none", "at least one `time,count` row after the header")
+    times, counts = [], []
+    for i, r in enumerate(rows, start=2):
+        if len(r) != 2:
+            raise _bad(path, f"line {i}", ",".join(r), "two columns: time,count")
+        times.append(_parse_time(path, i, r[0]))
+        counts.append(_number(path, i, r[1]))
+    return _from_points(times, counts, tail_s)
+
+
+def read_delta_csv(path: Path, initial: int | None) -> RawTrace:
+    rows = _rows(path)
+    header = [c.strip().lower() for c in rows[0]]
+    body = rows[1:]
+    if not body:
+        raise _bad(path, "<rows>", "none", "at least one change row after the header")
+    if header == ["", "timestamp", "dt", "count"]:
+        sign, tcol, ccol = 1.0, 1, 3
+    elif header == ["timestamp", "number"]:
+        sign, tcol, ccol = -1.0, 0, 1
+    elif header == ["", "dt", "count"]:
+        sign, tcol, ccol = -1.0, 1, 2
+    else:
+        raise _bad(path, "<header>", ",".join(rows[0]), "`,timestamp,dt,count`, `timestamp,number` or `,dt,count`")
+    times, deltas = [], []
+    for i, r in enumerate(body, start=2):
+        if len(r) != len(header):
+            raise _bad(path, f"line {i}", ",".join(r), f"{len(header)} columns like the header")
+        times.append(_parse_time(path, i, r[tcol]))
+        deltas.append(sign * _number(path, i, r[ccol]))
+    order = np.argsort(times, kind="stable")
+    d = np.asarray(deltas)[order]
+    start = initial if initial is not None else (0 if sign > 0 else int(-d.sum()))
+    counts = np.maximum(start + np.cumsum(d), 0.0)
+    t = np.asarray(times)[order]
+    return RawTrace(np.concatenate([[0.0], t - t[0]]), np.concatenate([[float(start)], counts]), float(t[-1] - t[0] + 60.0))
+
+
+def read_events_csv(path: Path) -> RawTrace:
+    rows = _rows(path)
+    if not rows:
+        raise _bad(path, "<rows>", "none", "at least one `ms,add|remove,node` row")
+    alive: set[str] = set()
+    times, counts = [], []
+    parsed = []
+    for i, r in enumerate(rows, start=1):
+        if len(r) != 3 or r[1].strip() not in ("add", "remove"):
+            raise _bad(path, f"line {i}", ",".join(r), "`ms,add|remove,nodeN`")
+        parsed.append((_number(path, i, r[0]), r[1].strip(), r[2].strip()))
+    parsed.sort(key=lambda e: e[0])
+    for ms, kind, node in parsed:
+        (alive.add if kind == "add" else alive.discard)(node)
+        if times and times[-1] == ms / 1000.0:
+            counts[-1] = len(alive)
+        else:
+            times.append(ms / 1000.0)
+            counts.append(len(alive))
+    t = np.asarray(times)
+    if t[0] > 0:  # nothing was up before the first event
+        t, counts = np.concatenate([[0.0], t]), [0] + counts
+    return RawTrace(t, np.asarray(counts, dtype=float), float(t[-1] + 60.0))
+
+
+def read_raw(path: Path, fmt: str = "auto", initial: int | None = None) -> RawTrace:
+    if not path.exists() or not path.is_file():
+        raise _bad(path, "trace.path", str(path), "an existing trace file (see ../shared/data/)")
+    if path.stat().st_size == 0:
+        raise _bad(path, "<file>", "empty", "a non-empty trace file")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "skypilot":
+        return read_skypilot(path)
+    if fmt == "bamboo-count":
+        return read_count_csv(path, tail_s=60.0)
+    if fmt == "bamboo-minute":
+        return read_count_csv(path, tail_s=60.0)
+    if fmt == "bamboo-delta":
+        return read_delta_csv(path, initial)
+    if fmt == "bamboo-events":
+        return read_events_csv(path)
+    raise _bad(path, "trace.format", fmt, f"one of {['auto', *FORMATS]}")
+
+
+def load_trace(spec: TraceSpec, pool_gpus: int | None = None, offset_hours: float | None = None, hours: float | None = None) -> AvailabilityTrace:
+    """Read `spec.path` and map it to elastic GPUs over the requested window (CLI flags override)."""
+    path = Path(spec.path)
+    raw = read_raw(path, spec.format, spec.initial_instances)
+    off = (spec.offset_hours if offset_hours is None else offset_hours) * 3600.0
+    span = spec.hours if hours is None else hours
+    end = raw.end_s if span is None else off + span * 3600.0
+    if off >= raw.end_s:
+        raise _bad(path, "trace.offset_hours", off / 3600.0, f"< {raw.end_s / 3600.0:.2f} (the trace spans {raw.end_s / 3600.0:.2f} h)")
+    if end > raw.end_s + 1e-6:
+        raise _bad(path, "trace.hours", span, f"<= {(raw.end_s - off) / 3600.0:.2f} from offset {off / 3600.0:g} h (the trace spans {raw.end_s / 3600.0:.2f} h)")
+    i0 = max(int(np.searchsorted(raw.times_s, off, side="right")) - 1, 0)
+    inside = (raw.times_s > off) & (raw.times_s < end)
+    t = np.concatenate([[off], raw.times_s[inside]]) - off
+    c = np.concatenate([[raw.counts[i0]], raw.counts[inside]])
+    inst = np.round(c * spec.sample_fraction)
+    gpus = inst * spec.gpus_per_instance
+    if spec.scale_to_pool:
+        pool = spec.max_gpus or pool_gpus
+        if pool is None:
+            raise _bad(path, "trace.scale_to_pool", True, "max_gpus set, or an elastic pool in the cluster")
+        peak = float(inst.max())
+        if peak > 0:
+            gpus = np.round(inst / peak * (pool // spec.gpus_per_instance)) * spec.gpus_per_instance
+    if spec.max_gpus is not None:
+        gpus = np.minimum(gpus, spec.max_gpus)
+    ts = tuple(float(x) / spec.time_scale for x in t)
+    return AvailabilityTrace(ts, tuple(int(g) for g in gpus), str(path), (end - off) / spec.time_scale)
