@@ -1,0 +1,113 @@
+"""`pearl compare`: several policies on the same trace and seed; a table and a plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from runtime.cli import app, user_errors
+
+CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns")
+
+
+def plot_comparison(results: dict, path: Path, title: str) -> None:
+    """Throughput over time (top) and GPUs per role over time for each policy (below)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(results)
+    fig, axes = plt.subplots(n + 1, 1, figsize=(10, 2.6 * (n + 1)), sharex=True)
+    ax = axes[0]
+    for name, r in results.items():
+        s = r.series
+        if len(s) < 2:
+            continue
+        ts = [x["t"] / 3600 for x in s]
+        tok = [x["generated_tokens"] + x["trained_tokens"] for x in s]
+        window = 10
+        rate = [(tok[i] - tok[max(i - window, 0)]) / max(s[i]["t"] - s[max(i - window, 0)]["t"], 1e-9) for i in range(1, len(s))]
+        ax.plot(ts[1:], rate, label=f"{name} ({r.tokens_per_s:,.0f} tok/s)")
+    ax.set_ylabel("tokens/s\n(gen + trained)")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    roles = ["colocated", "prefill", "decode", "transitioning", "training"]
+    colors = {"colocated": "tab:blue", "prefill": "tab:orange", "decode": "tab:green", "transitioning": "tab:gray", "training": "tab:red"}
+    for ax, (name, r) in zip(axes[1:], results.items()):
+        s = r.series
+        ts = [x["t"] / 3600 for x in s]
+        stacks = []
+        for role in roles:
+            stacks.append([sum(v for k, v in x["gpus"].items() if k.endswith(":" + role) and not (role == "training" and k == "training:training")) for x in s])
+        ax.stackplot(ts, stacks, labels=[f"rollout {r_}" if r_ != "training" else "lent training GPUs" for r_ in roles], colors=[colors[r_] for r_ in roles], alpha=0.8)
+        if r.elastic_series:
+            ex = [p[0] / 3600 for p in r.elastic_series]
+            ey = [p[1] for p in r.elastic_series]
+            ax.step(ex, ey, where="post", color="k", lw=1, label="elastic GPUs available")
+        ax.set_ylabel(f"{name}\nGPUs")
+        ax.legend(fontsize=7, loc="upper right", ncol=3)
+    axes[-1].set_xlabel("simulated hours")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@app.command()
+@user_errors
+def compare(
+    config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
+    policies: str = typer.Option("pearl,roll,rlboost+", "--policies", help="comma-separated policy names"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
+    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0),
+    hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours (default: the config's trace hours, else 2)"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG: throughput and GPU roles over time per policy"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Run every policy on the same trace and seed; print a table (and a plot)."""
+    from models.builder import build_models
+    from models.config import ConfigError, load_experiment
+    from runtime.commands.simulate import trace_progress
+    from runtime.sim.run import TraceFlags
+    from runtime.sim.run import simulate as run_sim
+
+    spec = load_experiment(config)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--policies", "policies", policies, "a comma-separated list of policy names")
+    flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
+    h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    models = build_models(spec)
+    results = {}
+    for name in names:
+        prog, update = trace_progress(h, f"simulating {name}")
+        with prog:
+            results[name] = run_sim(spec, name, flags, hours=h, seed=seed, progress=update, models=models)
+    if plot is not None:
+        plot_comparison(results, plot, f"{spec.name}: {spec.model_name}, {h:g} h")
+    if as_json:
+        out = {"policies": {n: {k: r.summary()[k] for k in CONTRACT} for n, r in results.items()}, "hours": h, "seed": next(iter(results.values())).seed}
+        if plot is not None:
+            out["plot"] = str(plot)
+        print(json.dumps(out))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    base = results[names[0]].tokens_per_s
+    t = Table(title=f"{spec.name}: {spec.model_name}, {h:g} simulated h, seed {next(iter(results.values())).seed}")
+    for col in ("policy", "tokens/s", f"vs {names[0]}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns"):
+        t.add_column(col, justify="right" if col != "policy" else "left")
+    for n, r in results.items():
+        s = r.summary()
+        rel = f"{(r.tokens_per_s / base - 1) * 100:+.1f}%" if base else "-"
+        t.add_row(n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
+                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]))
+    Console().print(t)
+    if plot is not None:
+        Console(stderr=True).print(f"plot: {plot}")

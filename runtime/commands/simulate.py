@@ -1,0 +1,68 @@
+"""`pearl simulate`: one policy through the discrete-event simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from runtime.cli import app, user_errors
+
+
+def trace_progress(hours: float, label: str):
+    """A rich progress bar on stderr over simulated time; returns (context manager, callback)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:.1f}/{task.total:.1f} h"), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = prog.add_task(label, total=hours)
+
+    def update(t: float) -> None:
+        prog.update(task, completed=t / 3600.0)
+
+    return prog, update
+
+
+@app.command()
+@user_errors
+def simulate(
+    config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | fixed:<mode>:<c>:<p>:<d>[:<borrow>]"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
+    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="start this many hours into the trace"),
+    hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours (default: the config's trace hours, else 2)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="random seed (default: the config's)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Simulate asynchronous agentic RL under one policy and report throughput, switches and safety counters."""
+    from models.config import load_experiment
+    from runtime.sim.run import TraceFlags
+    from runtime.sim.run import simulate as run_sim
+
+    spec = load_experiment(config)
+    flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
+    h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    prog, update = trace_progress(h, f"simulating {policy or spec.policy.name}")
+    with prog:
+        r = run_sim(spec, policy, flags, hours=h, seed=seed, progress=update)
+    if as_json:
+        print(json.dumps(r.to_json()))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    s = r.summary()
+    t = Table(title=f"{spec.name}: {r.policy}, {h:g} simulated h (seed {r.seed}, {r.wall_s:.1f} s wall, {r.events} events)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k in ("tokens_per_s", "steps_per_h", "trajectories_per_h", "rollout_share", "mean_batch_s", "mean_step_interval_s",
+              "switches", "starts", "stops", "lends", "preempted_instances", "resumed_requests", "lost_trajectories", "late_returns"):
+        t.add_row(k, str(s[k]))
+    u = r.utilization()
+    for k, v in u.get("mean_gpus", {}).items():
+        t.add_row(f"mean GPUs {k}", str(v))
+    for k, v in u.get("busy_fraction", {}).items():
+        t.add_row(f"busy fraction {k}", str(v))
+    Console().print(t)
