@@ -260,3 +260,27 @@ def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInpu
         elif a.kind == "switch_role":
             total += _ms(w * c.switch_s * n / denom)
     return total
+
+
+def apply_plan(state: ClusterState, plan: TransitionPlan) -> ClusterState:
+    """The state after every action of `plan` has completed (pure; for offline planning and tests)."""
+    from dataclasses import replace as _replace
+
+    workers = {w.id: w for w in state.workers}
+    lent: set[str] = set()
+    returned: set[str] = set()
+    for a in plan.actions:
+        if a.kind == "stop" and a.worker in workers:
+            del workers[a.worker]
+        elif a.kind == "switch_role" and a.worker in workers:
+            workers[a.worker] = _replace(workers[a.worker], role=a.role)  # type: ignore[arg-type]
+        elif a.kind == "start":
+            workers[a.worker] = Worker(a.worker, a.role, a.gpus, len(a.gpus), state.weight_version)  # type: ignore[arg-type]
+        elif a.kind == "load_weights" and a.worker in workers:
+            workers[a.worker] = _replace(workers[a.worker], weight_version=state.weight_version)
+        elif a.kind == "lend":
+            lent.update(a.gpus)
+        elif a.kind == "return":
+            returned.update(a.gpus)
+    gpus = tuple(_replace(g, borrowed=(g.borrowed or g.id in lent) and g.id not in returned) for g in state.gpus)
+    return _replace(state, gpus=gpus, workers=tuple(workers.values()))

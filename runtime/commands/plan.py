@@ -1,0 +1,142 @@
+"""`pearl plan`: an offline plan over a real availability trace, one decision per event.
+
+Walks the trace's elastic-GPU changes (each one an `availability` event; the first is
+`initial`), asks the policy for a decision, applies its transition plan to the state and
+moves on. The trainer is modelled as always training (offline there is no step timeline,
+so no training GPUs are lent); the simulator adds the training/rollout cycle.
+
+plan.json schema:
+  {"config": str, "policy": str, "backend": str,
+   "trace": {"path", "offset_hours", "hours", "events", "mean_elastic_gpus"},
+   "decisions": [
+     {"t_s": float,                      # seconds from the window start (after time_scale)
+      "event": "initial" | "availability",
+      "elastic_gpus": int,               # elastic GPUs available from t_s on
+      "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}},
+                   lent_gpus, predicted_completion_s, transition_cost_s, objective_ms,
+                   applied, forced, reason,
+                   proof: {status, objective, best_bound, gap, solve_ms, backend, infeasible_family}},
+      "plan": {"joins", "leaves", "role_changes", "lent", "returned",
+               "actions": [{id, kind, worker, gpus, role, from_role, after, duration_s, deadline_s}]}}]}
+`--json` prints {"decisions", "solve_ms_p50", "solve_ms_p95", "optimal_fraction",
+"role_changes", "predicted_rollout_s"} (predicted_rollout_s: time-weighted mean predicted
+batch completion over the window).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from runtime.cli import app, user_errors
+
+
+@app.command()
+@user_errors
+def plan(
+    config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/experiments/*.yaml)"),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl, pearl-no-borrow, pearl-fixed-pd, pearl-no-gate, roll, rlboost+"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="trace file (default: the config's trace.path)"),
+    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="window start in trace hours"),
+    hours: Optional[float] = typer.Option(None, "--hours", min=0.0, help="window length in trace hours"),
+    out: Path = typer.Option(..., "--out", "-o", help="where to write plan.json"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="solver backend (default: the config's)"),
+    as_json: bool = typer.Option(False, "--json", help="print a one-object summary on stdout"),
+) -> None:
+    """Plan rollout configurations over an availability trace and write every decision and plan."""
+    import numpy as np
+    from rich.progress import Progress
+
+    from models.builder import build_models
+    from models.config import ConfigError, TraceSpec, load_experiment
+    from planner.backends import BACKENDS
+    from planner.inputs import planning_inputs
+    from planner.policies import POLICIES, PlanningError, get_policy
+    from planner.state import TrainerPhase, state_from_cluster_spec
+    from planner.transition import apply_plan
+    from runtime.traces import load_trace
+
+    spec = load_experiment(config)
+    name = policy or spec.policy.name
+    if name not in POLICIES:
+        raise ConfigError(config, "--policy" if policy else "policy.name", name, f"one of {sorted(POLICIES)}")
+    be = backend or spec.solver.backend
+    if be not in BACKENDS:
+        raise ConfigError(config, "--backend", be, f"one of {list(BACKENDS)}")
+    if hours is not None and hours <= 0:
+        raise ConfigError(config, "--hours", hours, "a number > 0")
+    tspec = spec.trace
+    if trace is not None:
+        tspec = (tspec or TraceSpec(path=str(trace))).model_copy(update={"path": str(trace), "format": "auto" if tspec is None or trace != Path(tspec.path) else tspec.format})
+    if tspec is None:
+        raise ConfigError(config, "trace", None, "a trace section in the config, or --trace FILE")
+    pool = spec.cluster.gpus_in_pool("elastic")
+    avail = load_trace(tspec, pool_gpus=pool or None, offset_hours=trace_offset_hours, hours=hours)
+    models = build_models(spec)
+    total = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
+    inputs = planning_inputs(models, total)
+    pol = get_policy(name, be)
+    state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
+    changes = avail.changes()
+    records = []
+    solve_ms: list[float] = []
+    optimal = 0
+    role_changes = 0
+    completions: list[tuple[float, float]] = []
+    with Progress(transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task(f"planning {name} over {len(changes)} events", total=len(changes))
+        for i, (t, g) in enumerate(changes):
+            state = state.with_availability("elastic", min(g, pool))
+            try:
+                step = pol.decide(state, inputs, t, "initial" if i == 0 else "availability")
+            except PlanningError as exc:
+                raise ConfigError(config, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
+            d = step.decision
+            state = apply_plan(state, step.plan)
+            solve_ms.append(d.proof.solve_ms)
+            optimal += d.proof.status in ("optimal", "evaluated")
+            role_changes += step.plan.role_changes
+            completions.append((t, d.predicted_completion_s))
+            records.append({
+                "t_s": round(t, 3), "event": "initial" if i == 0 else "availability", "elastic_gpus": int(g),
+                "decision": d.to_json(),
+                "plan": {"joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes,
+                         "lent": step.plan.lent, "returned": step.plan.returned,
+                         "actions": [asdict(a) for a in step.plan.actions]},
+            })
+            bar.advance(task)
+    ts = np.array([c[0] for c in completions] + [avail.duration_s])
+    weights = np.diff(ts)
+    mean_completion = float(np.sum(weights * np.array([c[1] for c in completions])) / max(weights.sum(), 1e-9))
+    doc = {
+        "config": str(config), "policy": name, "backend": be,
+        "trace": {"path": avail.source, "offset_hours": trace_offset_hours if trace_offset_hours is not None else tspec.offset_hours,
+                  "hours": hours if hours is not None else tspec.hours, "events": len(changes), "mean_elastic_gpus": round(avail.mean_gpus(), 3)},
+        "decisions": records,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    summary = {
+        "decisions": len(records),
+        "solve_ms_p50": round(float(np.percentile(solve_ms, 50)), 3),
+        "solve_ms_p95": round(float(np.percentile(solve_ms, 95)), 3),
+        "optimal_fraction": round(optimal / max(len(records), 1), 4),
+        "role_changes": role_changes,
+        "predicted_rollout_s": round(mean_completion, 3),
+    }
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        print(f"{name}: {summary['decisions']} decisions, solve p50 {summary['solve_ms_p50']} ms / p95 {summary['solve_ms_p95']} ms, "
+              f"optimal {summary['optimal_fraction']:.0%}, role changes {role_changes}, mean predicted rollout {mean_completion:.1f} s -> {out}", file=sys.stderr)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
