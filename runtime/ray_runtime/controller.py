@@ -1,0 +1,727 @@
+"""Controller: the online loop of `pearl train` (solver in the loop) over Ray actors.
+
+It owns the cluster's state (stable GPU slots, their workers, roles, weight versions, the
+trainer's phase, elastic availability), turns it into a planner `ClusterState` whenever an
+event happens (a rollout batch boundary, training begins or finishes, elastic GPUs come or
+go, a worker dies), asks the policy for a decision, applies the `TransitionPlan` to the
+actors and logs the decision with its solve time and gap.
+
+Execution mechanisms (the paper's):
+  - stable slots, fixed bindings: a worker is `w:<gpu id>`; only its role and membership
+    change; a dead worker is restarted on the same slot;
+  - expansion: new engines start in the background, load the newest weights, and are
+    admitted together only if all of them started (all or nothing);
+  - shrink / drain: dispatch stops, in-flight requests are aborted with their generated
+    prefix kept, and each trajectory continues its turn on another worker with its
+    environment state untouched;
+  - borrowed training GPUs keep their rollout process alive between loans and are handed
+    back before the training step (a late hand-back is counted).
+Rollout is asynchronous: batch b may start while the trainer trains batch b-1, as long as
+the newest weights are at most `training.staleness` versions behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from models.config import ConfigError, ExperimentSpec
+from models.step_latency import load_profile
+from models.config import profile_path
+from runtime.ray_runtime.engines import EngineSettings, GenRequest, GenResult
+from runtime.ray_runtime.resources import AvailabilityChange, Slot, elastic_schedule, make_slots, ray_resources
+from runtime.ray_runtime.telemetry import MetricsWriter, RuntimeTracker, StepTelemetry
+from runtime.ray_runtime.trainer import TrainSample
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RuntimeStartError(RuntimeError):
+    """Something the run needs could not start (an engine, the model, Ray): one clear line."""
+
+
+@dataclass
+class SlotRuntime:
+    """Mutable runtime record of one stable GPU slot."""
+
+    slot: Slot
+    actor: Any = None
+    slot_no: int = 0
+    role: str | None = None
+    status: str = "down"  # down | starting | active | draining
+    load: int = 0
+    version: int = 0
+    borrowed: bool = False
+    served: int = 0
+    gpus: tuple[str, ...] = ()  # the worker's TP group when this slot leads one
+
+    @property
+    def worker_id(self) -> str:
+        return f"w:{self.slot.gpu}"
+
+
+@dataclass
+class Trajectory:
+    id: str
+    batch: int
+    group: int
+    task_seed: int
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    min_version: int = 1 << 30
+    turns: int = 0
+    prompt_len: int = 0
+    new_tokens: list[int] = field(default_factory=list)
+    env_s: float = 0.0
+    reward: float | None = None
+    resumes: int = 0
+    last: dict[str, str] = field(default_factory=dict)  # role -> gpu of the previous turn (prefix reuse)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    steps: int
+    weight_version: int
+    mean_reward: float
+    transitions_applied: int
+    modes_used: list[str]
+    lost_trajectories: int
+    late_returns: int
+    decisions: int
+    solve_ms_p95: float
+    resumed_turns: int
+    worker_versions: dict[str, int]
+    kv_handoffs: int
+    rewards: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps, "weight_version": self.weight_version, "mean_reward": round(self.mean_reward, 6),
+            "transitions_applied": self.transitions_applied, "modes_used": self.modes_used,
+            "lost_trajectories": self.lost_trajectories, "late_returns": self.late_returns,
+            "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3),
+        }
+
+
+def _actor_errors() -> tuple[type[BaseException], ...]:
+    import ray.exceptions as rex
+
+    return (rex.RayActorError, rex.ActorUnavailableError)
+
+
+def resolve_model_path(spec: ExperimentSpec) -> str:
+    p = Path(spec.runtime.model_path)
+    if not p.is_absolute():
+        p = REPO_ROOT / p
+    if not (p / "config.json").exists():
+        raise ConfigError(spec.source, "runtime.model_path", spec.runtime.model_path, "a model directory with config.json (build the tiny one: make model)")
+    return str(p)
+
+
+class Controller:
+    def __init__(self, spec: ExperimentSpec, backend: str | None = None, address: str | None = None, metrics_path: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] | None = None) -> None:
+        from planner.state import TrainerPhase, state_from_cluster_spec
+
+        self.spec = spec
+        self.rt = spec.runtime
+        self.backend = backend or self.rt.backend
+        self.address = address
+        self.on_step = on_step
+        self.log = log or (lambda _m: None)
+        self.scale = self.rt.time_scale
+        self.model_path = resolve_model_path(spec) if self.backend == "vllm" else None
+        self.trainer_backend = self.rt.trainer_backend or ("torch" if self.backend == "vllm" else "emulated")
+        if self.trainer_backend == "torch" and self.model_path is None:
+            self.model_path = resolve_model_path(spec)
+        self.base_state = state_from_cluster_spec(spec.cluster, TrainerPhase("waiting", 0.0))
+        self.slots = make_slots(self.base_state, self.rt.bindings)
+        self.rec: dict[str, SlotRuntime] = {s.gpu: SlotRuntime(s, slot_no=s.index) for s in self.slots}
+        self.elastic_total = sum(1 for s in self.slots if s.pool == "elastic")
+        self.elastic_available = self.elastic_total
+        self.metrics = MetricsWriter(metrics_path or (REPO_ROOT / self.rt.metrics_path))
+        self.kv_store = f"/tmp/pearl-kv-{uuid.uuid4().hex[:8]}"
+        self.version = 0
+        self.blob_ref: Any = None
+        self.lock = asyncio.Lock()
+        self.capacity = asyncio.Event()
+        self.t0 = time.monotonic()
+        self.mode = "colocated"
+        self.ratio = ""
+        self.trainer_phase = "waiting"
+        self.unfinished = 1.0
+        self.batch_size = spec.workload.trajectories_per_batch
+        self.response_tokens = int(round(spec.workload.response_tokens_per_turn.expected()))
+        self.decisions: list[dict[str, Any]] = []
+        self.transitions = 0
+        self.modes_used: list[str] = []
+        self.lost = 0
+        self.late_returns = 0
+        self.resumed_turns = 0
+        self.kv_handoffs = 0
+        self.rewards: list[float] = []
+        self.dead: set[str] = set()
+        self.predicted_s = float("nan")
+        self.hosts: list[Any] = []
+        self.tracker: RuntimeTracker | None = None
+        self.inputs: Any = None
+        self.policy: Any = None
+        self._bg: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ clock
+    def now(self) -> float:
+        """Planner time: wall seconds since start x time scale (virtual seconds when emulated)."""
+        return (time.monotonic() - self.t0) * self.scale
+
+    # ------------------------------------------------------------------ setup
+    def _ray_init(self) -> None:
+        import ray
+
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
+        if ray.is_initialized():
+            return
+        try:
+            if self.address:
+                ray.init(address=self.address, runtime_env={"env_vars": env}, log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count() or 1, resources=ray_resources(self.slots), include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}, object_store_memory=256 * 2**20)
+        except Exception as exc:  # connection refused, bad address, ...
+            raise RuntimeStartError(f"Ray failed to start or connect (address {self.address!r}): {exc}") from None
+
+    def _remote(self, cls: type, **opts: Any) -> Any:
+        import ray
+
+        return ray.remote(cls).options(num_cpus=0, **opts)
+
+    async def setup(self) -> None:
+        from planner.inputs import planning_inputs
+        from planner.policies import get_policy
+        from runtime.ray_runtime.env_worker import EnvWorker
+        from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
+        from runtime.ray_runtime.trainer import Trainer
+
+        self._ray_init()
+        spec = self.spec
+        w = spec.workload
+        self.tracker = RuntimeTracker(spec, load_profile(profile_path(spec)), env_scale=1.0)
+        self.policy = get_policy(spec.policy.name)
+        self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.slots))
+        self.trainer = self._remote(Trainer).remote(
+            self.model_path if self.trainer_backend == "torch" else None, self.rt.lr, self.rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, self._emulated_train_s(), self.scale
+        )
+        tok = self.model_path if self.backend == "vllm" else None
+        self.env = self._remote(EnvWorker, max_concurrency=100000).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
+        if self.backend == "emulated":
+            models = self.tracker.models()
+            costs = models.costs
+            em = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s)
+            self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em) for _ in range(self.rt.hosts)]
+            for r in self.rec.values():
+                r.actor = self.hosts[r.slot.index % len(self.hosts)]
+        self.blob_ref = self.trainer.weights.remote()
+        self.metrics.write("setup", backend=self.backend, trainer=self.trainer_backend, slots=[s.__dict__ for s in self.slots], kv_store=self.kv_store)
+
+    def _emulated_train_s(self) -> float:
+        from models.training import training_step_s
+
+        spec = self.spec
+        n_train = spec.cluster.gpus_in_pool("training")
+        if n_train == 0:
+            return 1.0
+        gpu = next(g.gpu for g in spec.cluster.nodes if g.pool == "training")
+        b = spec.workload.trajectories_per_batch
+        tokens = b * (spec.workload.initial_prompt_tokens.expected() + spec.workload.turns.expected() * (spec.workload.new_tokens_per_turn.expected() + spec.workload.response_tokens_per_turn.expected()))
+        return float(training_step_s(spec.model, spec.gpu(gpu), n_train, tokens, spec.training.mfu, spec.training.optimizer_overhead_s))
+
+    def _engine_settings(self) -> EngineSettings:
+        rt = self.rt
+        assert self.model_path is not None
+        return EngineSettings(self.model_path, rt.dtype, rt.max_model_len, rt.block_size, kv_connector=rt.kv_connector, kv_store=self.kv_store, kv_buffer_device=rt.kv_buffer_device, seed=self.spec.seed)
+
+    # ------------------------------------------------------------------ planner state
+    def cluster_state(self) -> Any:
+        from planner.state import GPU, ClusterState, TrainerPhase, Worker
+
+        gone = self._gone_elastic()
+        gpus, workers = [], []
+        for g in self.base_state.gpus:
+            r = self.rec[g.id]
+            gpus.append(replace(g, available=g.id not in gone, borrowed=r.borrowed and g.pool == "training"))
+            if r.status in ("active", "draining") and r.role is not None and r.gpus and not set(r.gpus) & gone and g.id not in self.dead:
+                if g.pool == "training" and not r.borrowed:
+                    continue
+                workers.append(Worker(r.worker_id, r.role, r.gpus, len(r.gpus), r.version, r.status == "draining"))  # type: ignore[arg-type]
+        needs_at = self.now() + (self.predicted_s if np.isfinite(self.predicted_s) else 0.0) * self.unfinished
+        return ClusterState(tuple(gpus), tuple(workers), TrainerPhase(self.trainer_phase, needs_at), self.version, float(np.clip(self.unfinished, 0.0, 1.0)))  # type: ignore[arg-type]
+
+    def _gone_elastic(self) -> set[str]:
+        return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
+
+    async def decide(self, event: str) -> None:
+        """Ask the policy; apply its plan; log the decision (serialized: one plan at a time)."""
+        async with self.lock:
+            state = self.cluster_state()
+            now = self.now()
+            step = self.policy.decide(state, self.inputs, now, event)
+            d = step.decision
+            rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
+            self.decisions.append(rec)
+            self.metrics.write("decision", **rec)
+            self.log(f"decision[{event}] {d.ratio} applied={d.applied} pred={d.predicted_completion_s:.2f}s solve={d.proof.solve_ms:.1f}ms gap={d.proof.gap:.3g} actions={len(step.plan.actions)}")
+            if np.isfinite(d.predicted_completion_s):
+                self.predicted_s = d.predicted_completion_s
+            if d.applied and not step.plan.empty:
+                await self._apply(step.plan)
+            self.mode = self._current_mode(d.mode)
+            self.ratio = self._ratio()
+            if self.mode not in self.modes_used:
+                self.modes_used.append(self.mode)
+
+    def _current_mode(self, wanted: str) -> str:
+        roles = Counter(r.role for r in self.rec.values() if r.status == "active")
+        if roles["prefill"] and roles["decode"] and (wanted == "disaggregated" or not roles["colocated"]):
+            return "disaggregated"
+        return "colocated"
+
+    def _ratio(self) -> str:
+        roles = Counter(r.role for r in self.rec.values() if r.status == "active")
+        if self.mode == "disaggregated":
+            return f"{roles['prefill']}P{roles['decode']}D"
+        return f"{roles['colocated']}C"
+
+    # ------------------------------------------------------------------ applying plans
+    async def _apply(self, plan: Any) -> None:
+        tasks: dict[int, asyncio.Task] = {}
+        started: list[SlotRuntime] = []
+        t0 = time.monotonic()
+
+        async def run(a: Any) -> bool:
+            for dep in a.after:
+                if dep in tasks and not await tasks[dep]:
+                    return False
+            return await self._action(a, started)
+
+        for a in plan.actions:
+            tasks[a.id] = asyncio.ensure_future(run(a))
+        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        failed = [r for r in results if r is not True]
+        if started:
+            if any(r.status != "starting" for r in started) or failed:
+                # all or nothing: one new worker failed, so none of the group is admitted
+                for r in started:
+                    await self._stop_slot(r)
+                self.metrics.write("expansion_cancelled", workers=[r.worker_id for r in started], errors=[str(f) for f in failed])
+                self.log(f"expansion cancelled: {failed}")
+            else:
+                for r in started:  # atomic admission
+                    r.status = "active"
+        self.transitions += sum(1 for r in results if r is True)
+        self.metrics.write("plan_applied", actions=len(plan.actions), ok=sum(1 for r in results if r is True), seconds=round(time.monotonic() - t0, 3))
+        self.capacity.set()
+        for exc in failed:
+            if isinstance(exc, BaseException):
+                raise RuntimeStartError(f"applying a plan failed: {exc}")
+
+    def _slot_of(self, a: Any) -> SlotRuntime:
+        if a.gpus:
+            return self.rec[a.gpus[0]]
+        gpu = str(a.worker).split(":", 1)[1] if a.worker and ":" in str(a.worker) else None
+        for r in self.rec.values():
+            if r.worker_id == a.worker or r.slot.gpu == gpu:
+                return r
+        raise KeyError(f"plan action {a} names an unknown worker")
+
+    async def _action(self, a: Any, started: list[SlotRuntime]) -> bool:
+        r = self._slot_of(a)
+        t0 = time.monotonic()
+        kind = a.kind
+        if kind == "lend":
+            for g in a.gpus or (r.slot.gpu,):
+                self.rec[g].borrowed = True
+        elif kind == "return":
+            for g in a.gpus or (r.slot.gpu,):
+                rr = self.rec[g]
+                await self._drain(rr)
+                rr.status = "down" if rr.actor is None else "parked"  # process kept alive between loans
+                rr.borrowed = False
+        elif kind == "drain":
+            await self._drain(r)
+        elif kind == "stop":
+            await self._stop_slot(r)
+        elif kind == "switch_role":
+            await self._drain(r)
+            info = await r.actor.switch_role.remote(r.slot_no, a.role)
+            if not info.get("ok"):
+                raise RuntimeStartError(f"role switch of {r.worker_id} to {a.role} failed: {info.get('error')}")
+            r.role, r.status, r.version = a.role, "active", info.get("version", r.version)
+            self.tracker.record_transition("switch_role", (time.monotonic() - t0) * self.scale)  # type: ignore[union-attr]
+        elif kind == "start":
+            r.gpus = tuple(a.gpus) or (r.slot.gpu,)
+            ok = await self._start_slot(r, a.role)
+            if ok:
+                started.append(r)
+                self.tracker.record_transition("start", (time.monotonic() - t0) * self.scale)  # type: ignore[union-attr]
+            return ok
+        elif kind == "load_weights":
+            if r.actor is not None and self.version > 0:
+                await r.actor.load_weights.remote(self.blob_ref, self.version)
+                r.version = self.version
+        self.metrics.write("action", kind=kind, worker=r.worker_id, role=a.role, seconds=round(time.monotonic() - t0, 3))
+        return True
+
+    async def _drain(self, r: SlotRuntime) -> None:
+        if r.status in ("active", "draining") and r.actor is not None:
+            r.status = "draining"
+            try:
+                await r.actor.drain.remote(r.slot_no)
+            except _actor_errors():
+                pass
+
+    async def _start_slot(self, r: SlotRuntime, role: str) -> bool:
+        """Background part of an expansion: process + engine + newest weights; admission comes later."""
+        from runtime.ray_runtime.rollout_worker import RolloutWorker
+
+        if r.status == "parked" and r.actor is not None:
+            info = await r.actor.switch_role.remote(r.slot_no, role)
+        else:
+            if self.backend == "vllm" and (r.actor is None or r.slot.gpu in self.dead):
+                env = {"VLLM_CPU_OMP_THREADS_BIND": r.slot.binding}
+                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": env}, max_concurrency=1000).remote("vllm", self._engine_settings())
+            r.status = "starting"
+            info = await r.actor.start_slot.remote(r.slot_no, role)
+        if not info.get("ok"):
+            self.metrics.write("start_failed", worker=r.worker_id, error=info.get("error"))
+            self.start_error = info.get("error")
+            r.status = "down"
+            return False
+        self.dead.discard(r.slot.gpu)
+        r.role, r.status = role, "starting"
+        if self.version > 0:
+            await r.actor.load_weights.remote(self.blob_ref, self.version)
+        r.version = self.version
+        self.metrics.write("started", worker=r.worker_id, role=role, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding)
+        return True
+
+    async def _stop_slot(self, r: SlotRuntime) -> None:
+        import ray
+
+        r.status = "down"
+        if r.actor is None:
+            return
+        try:
+            await r.actor.stop_slot.remote(r.slot_no)
+        except _actor_errors():
+            pass
+        if self.backend == "vllm" and r.slot.pool != "training":
+            ray.kill(r.actor)
+            r.actor = None
+        r.role = None
+
+    # ------------------------------------------------------------------ routing
+    def _pick(self, role: str, prefer: str | None) -> SlotRuntime | None:
+        cands = [r for r in self.rec.values() if r.status == "active" and r.role == role and r.slot.gpu not in self.dead]
+        if not cands:
+            return None
+        best = min(cands, key=lambda r: r.load)
+        if prefer is not None:
+            p = self.rec[prefer]
+            if p in cands and p.load <= best.load + 2:
+                return p  # prefix reuse: the previous turn's engine still holds the context
+        return best
+
+    async def _route(self, t: Trajectory) -> tuple[SlotRuntime | None, SlotRuntime | None]:
+        """(prefill, decode) for disaggregated, (colocated, None) for colocated; waits for capacity."""
+        while True:
+            if self.mode == "disaggregated":
+                p, d = self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
+                if p and d:
+                    return p, d
+            c = self._pick("colocated", t.last.get("colocated"))
+            if c:
+                return c, None
+            p, d = self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
+            if p and d:
+                return p, d
+            self.capacity.clear()
+            try:
+                await asyncio.wait_for(self.capacity.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _call(self, r: SlotRuntime, req: GenRequest) -> GenResult | None:
+        r.load += 1
+        try:
+            res: GenResult = await r.actor.generate.remote(r.slot_no, req)
+            r.served += 1
+            return res
+        except _actor_errors():
+            self._mark_dead(r)
+            return None
+        finally:
+            r.load -= 1
+
+    def _mark_dead(self, r: SlotRuntime) -> None:
+        if r.slot.gpu in self.dead:
+            return
+        self.dead.add(r.slot.gpu)
+        r.status, r.role = "down", None
+        self.metrics.write("worker_died", worker=r.worker_id)
+        self.log(f"worker {r.worker_id} died; its requests resume elsewhere")
+        task = asyncio.ensure_future(self.decide("availability"))  # restore capacity on the same slot
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _turn(self, t: Trajectory, max_tokens: int) -> tuple[list[int], list[float], int]:
+        """One policy turn: routed by mode; interrupted requests resume elsewhere with their prefix."""
+        got: list[int] = []
+        lps: list[float] = []
+        version = 1 << 30
+        while len(got) < max_tokens:
+            first, second = await self._route(t)
+            assert first is not None
+            rid = f"{t.id}-t{t.turns}-{uuid.uuid4().hex[:6]}"
+            ctx = tuple(t.tokens + got)
+            want = max_tokens - len(got)
+            if second is None:
+                res = await self._call(first, GenRequest(rid, ctx, want, "full", self.rt.temperature))
+                t.last["colocated"] = first.slot.gpu
+            else:
+                pre = await self._call(first, GenRequest(rid + "-p", ctx, 1, "prefill", self.rt.temperature))
+                if pre is None or pre.finish_reason == "abort":
+                    self.resumed_turns += 1
+                    t.resumes += 1
+                    continue
+                t.last["prefill"] = first.slot.gpu
+                res = await self._call(second, GenRequest(rid + "-d", ctx, want, "decode", self.rt.temperature, kv_params=pre.kv_params))
+                t.last["decode"] = second.slot.gpu
+                if res is not None and res.cached_tokens > 0:
+                    self.kv_handoffs += 1
+            if res is None:
+                self.resumed_turns += 1
+                t.resumes += 1
+                continue
+            got.extend(res.token_ids)
+            lps.extend(res.logprobs)
+            if res.token_ids:
+                version = min(version, res.weight_version)
+            if res.finish_reason == "abort":
+                self.resumed_turns += 1
+                t.resumes += 1
+                continue
+            break
+        return got, lps, version if version != 1 << 30 else self.version
+
+    async def _trajectory(self, t: Trajectory) -> Trajectory:
+        t0 = time.monotonic()
+        prompt = await self.env.reset.remote(t.id, t.task_seed)
+        t.tokens, t.mask, t.prompt_len = list(prompt), [0] * len(prompt), len(prompt)
+        limit = (self.rt.max_model_len if self.backend == "vllm" else self.spec.workload.max_trajectory_tokens) - 2
+        while True:
+            room = limit - len(t.tokens)
+            got, lps, v = await self._turn(t, max(1, min(self.response_tokens, room)))
+            t.tokens += got
+            t.mask += [1] * len(got)
+            t.logprobs += lps
+            t.min_version = min(t.min_version, v)
+            t.turns += 1
+            e0 = time.monotonic()
+            obs, done, reward = await self.env.step.remote(t.id, got)
+            t.env_s += time.monotonic() - e0
+            if done or len(t.tokens) + len(obs) + 2 >= limit:
+                if not done:
+                    await self.env.forget.remote(t.id)
+                    reward = 0.0
+                t.reward = float(reward)
+                break
+            t.new_tokens.append(len(obs))
+            t.tokens += obs
+            t.mask += [0] * len(obs)
+        t.env_s = t.env_s * self.scale
+        self.metrics.write("trajectory", id=t.id, batch=t.batch, turns=t.turns, tokens=len(t.tokens), reward=t.reward, resumes=t.resumes, seconds=round(time.monotonic() - t0, 3))
+        return t
+
+    # ------------------------------------------------------------------ the loops
+    async def _rollout_batch(self, b: int) -> tuple[list[Trajectory], float]:
+        g = self.spec.workload.group_size
+        n = self.batch_size
+        trajs = [Trajectory(f"b{b}-{i}", b, i // g, self.spec.seed * 100003 + b * 1009 + i // g) for i in range(n)]
+        t0 = time.monotonic()
+        remaining = [n]
+
+        async def one(t: Trajectory) -> Trajectory | None:
+            try:
+                return await self._trajectory(t)
+            finally:
+                remaining[0] -= 1
+                self.unfinished = remaining[0] / n
+
+        done = await asyncio.gather(*(one(t) for t in trajs), return_exceptions=True)
+        ok = [t for t in done if isinstance(t, Trajectory) and t.reward is not None]
+        errors = [e for e in done if isinstance(e, BaseException)]
+        self.lost += n - len(ok)
+        for e in errors:
+            self.metrics.write("trajectory_lost", error=repr(e))
+            self.log(f"trajectory lost: {e!r}")
+        return ok, time.monotonic() - t0
+
+    def _telemetry(self, b: int, trajs: list[Trajectory], seconds: float) -> StepTelemetry:
+        new = [x for t in trajs for x in t.new_tokens]
+        gen = sum(sum(t.mask) for t in trajs)
+        turns = [t.turns for t in trajs]
+        return StepTelemetry(
+            step=b, trajectories=len(trajs), mean_turns=float(np.mean(turns)) if turns else 0.0,
+            mean_initial_tokens=float(np.mean([t.prompt_len for t in trajs])) if trajs else 0.0,
+            mean_new_tokens=float(np.mean(new)) if new else 0.0,
+            mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(max(t.turns - 1, 0) for t in trajs), 1)),
+            generated_tokens=int(gen), rollout_s=seconds * self.scale, predicted_s=self.predicted_s, mode=self.mode, ratio=self.ratio,
+        )
+
+    def _apply_load_change(self, b: int) -> bool:
+        changed = False
+        for ch in self.rt.load_changes:
+            if ch.at_step == b:
+                w = self.spec.workload.model_validate({**self.spec.workload.model_dump(), **ch.workload})
+                self.spec = self.spec.model_copy(update={"workload": w})
+                assert self.tracker is not None
+                self.tracker.spec = self.tracker.spec.model_copy(update={"workload": w})
+                self.batch_size = w.trajectories_per_batch
+                self.response_tokens = int(round(w.response_tokens_per_turn.expected()))
+                self.metrics.write("load_change", step=b, workload=ch.workload)
+                self.log(f"load change at step {b}: {ch.workload}")
+                changed = True
+        return changed
+
+    def _refresh_inputs(self) -> None:
+        from planner.inputs import planning_inputs
+
+        assert self.tracker is not None
+        self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.slots))
+
+    async def _elastic_loop(self, schedule: tuple[AvailabilityChange, ...]) -> None:
+        for ch in schedule:
+            delay = ch.at_s - (time.monotonic() - self.t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if ch.available == self.elastic_available:
+                continue
+            self.metrics.write("availability", elastic=ch.available, at_s=round(time.monotonic() - self.t0, 3))
+            self.log(f"elastic GPUs: {self.elastic_available} -> {ch.available}")
+            self.elastic_available = ch.available
+            gone = self._gone_elastic()
+            for r in self.rec.values():  # shrink is urgent: stop dispatch and interrupt now; requests resume elsewhere
+                if set(r.gpus) & gone and r.status in ("active", "starting", "draining"):
+                    await self._drain(r)
+                    await self._stop_slot(r)
+            await self.decide("availability")
+
+    async def _push_weights(self, blob_ref: Any, version: int) -> None:
+        actors = {id(r.actor): r.actor for r in self.rec.values() if r.actor is not None and r.slot.gpu not in self.dead}
+        import ray
+
+        res = await asyncio.gather(*(a.load_weights.remote(blob_ref, version) for a in actors.values()), return_exceptions=True)
+        self.blob_ref, self.version = blob_ref, version
+        for r in self.rec.values():
+            if r.actor is not None and r.status in ("active", "parked", "starting") and r.slot.gpu not in self.dead:
+                r.version = version
+        self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=sum(isinstance(x, BaseException) for x in res))
+        del ray
+
+    async def worker_versions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rec.values():
+            if r.actor is not None and r.status == "active":
+                try:
+                    vs = await r.actor.versions.remote()
+                    out[r.worker_id] = int(vs.get(r.slot_no, -1))
+                except _actor_errors():
+                    pass
+        return out
+
+    async def run(self, steps: int) -> RunSummary:
+        await self.setup()
+        self.t0 = time.monotonic()
+        await self.decide("initial")
+        if not any(r.status == "active" for r in self.rec.values()):
+            raise RuntimeStartError(f"no rollout worker could start: {getattr(self, 'start_error', 'the initial plan started none')}")
+        staleness = self.spec.training.staleness
+        queue: asyncio.Queue = asyncio.Queue()
+        version_event = asyncio.Event()
+        elastic = asyncio.ensure_future(self._elastic_loop(elastic_schedule(self.spec, self.elastic_total))) if self.elastic_total else None
+
+        async def rollout_loop() -> None:
+            for b in range(steps):
+                while self.version < b - staleness:
+                    version_event.clear()
+                    await version_event.wait()
+                changed = self._apply_load_change(b)
+                if changed:
+                    self._refresh_inputs()
+                if b > 0:
+                    await self.decide("rollout_step")
+                trajs, seconds = await self._rollout_batch(b)
+                tel = self._telemetry(b, trajs, seconds)
+                assert self.tracker is not None
+                self.tracker.observe(tel)
+                self._refresh_inputs()
+                self.metrics.write("rollout_step", **tel.__dict__, error=tel.error, gen_tok_per_s=tel.generated_tokens / max(seconds, 1e-9), resumed_turns=self.resumed_turns, kv_handoffs=self.kv_handoffs)
+                await queue.put((b, trajs, tel))
+
+        async def train_loop() -> None:
+            for _ in range(steps):
+                b, trajs, tel = await queue.get()
+                self.trainer_phase = "training"
+                await self.decide("training_begin")
+                late = [r for r in self.rec.values() if r.borrowed]
+                if late:  # borrowed GPUs must be back before the step: take them back now, count it
+                    self.late_returns += len(late)
+                    for r in late:
+                        await self._drain(r)
+                        r.status, r.borrowed = "parked", False
+                samples = [TrainSample(t.id, t.group, tuple(t.tokens), tuple(t.mask), tuple(t.logprobs), float(t.reward or 0.0), t.min_version if t.min_version < 1 << 29 else self.version) for t in trajs]
+                metrics_ref, blob_ref = self.trainer.train_step.options(num_returns=2).remote(samples, self.version)
+                m = await metrics_ref
+                await self._push_weights(blob_ref, int(m["version"]))
+                version_event.set()
+                self.trainer_phase = "waiting"
+                rewards = [float(t.reward or 0.0) for t in trajs]
+                self.rewards.extend(rewards)
+                row = {"step": b, "weight_version": self.version, "mean_reward": float(np.mean(rewards)) if rewards else 0.0, "rollout_s": tel.rollout_s, "gen_tokens": tel.generated_tokens, "tok_per_s": tel.generated_tokens / max(tel.rollout_s / self.scale, 1e-9), "mode": tel.mode, "ratio": tel.ratio, "predicted_s": tel.predicted_s, "pred_error": tel.error, **{f"train_{k}": v for k, v in m.items()}}
+                self.metrics.write("train_step", **row)
+                if self.on_step:
+                    self.on_step(row)
+                await self.decide("training_end")
+
+        try:
+            await asyncio.gather(rollout_loop(), train_loop())
+        finally:
+            if elastic is not None:
+                elastic.cancel()
+        versions = await self.worker_versions()
+        solve = [d["proof"]["solve_ms"] for d in self.decisions]
+        summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.late_returns, len(self.decisions), float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards)
+        self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions, kv_handoffs=self.kv_handoffs)
+        return summary
+
+    async def shutdown(self) -> None:
+        import shutil
+
+        import ray
+
+        for r in self.rec.values():
+            if r.actor is not None:
+                try:
+                    await asyncio.wait_for(r.actor.shutdown.remote(), timeout=30)
+                except Exception:
+                    pass
+        self.metrics.close()
+        shutil.rmtree(self.kv_store, ignore_errors=True)
+        if not self.address and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,348 @@
+"""Engine backends behind one interface: a real vLLM `AsyncLLM`, or an emulated engine.
+
+A rollout worker owns one engine per GPU slot and never needs to know which backend it
+drives. Requests carry token ids (the trajectory's whole context, so prefix caching reuses
+earlier turns) and a phase:
+  full     colocated: prefill and decode on this engine;
+  prefill  the prefill half of a disaggregated turn: compute the prompt's KV and hand it
+           to the connector (ExampleConnector: a shared folder; NixlConnector: the decode
+           engine pulls it), generating one token;
+  decode   the decode half: the prompt's KV comes from the connector, then decode.
+Outputs stream (DELTA) inside the engine, so an aborted request still returns the tokens
+it generated: the controller keeps that prefix and resumes the turn elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["colocated", "prefill", "decode"]
+Phase = Literal["full", "prefill", "decode"]
+
+EXTENSION_CLS = "runtime.ray_runtime.weight_sync.WeightSyncExtension"
+
+
+class EngineStartError(RuntimeError):
+    """An engine could not start (bad model path, out of memory, bad connector settings)."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to build one engine; the same for every slot of a run (roles differ per slot)."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    block_size: int = 32
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
+    kv_store: str = "/tmp/pearl-kv"
+    kv_buffer_device: str = "cpu"
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    phase: Phase = "full"
+    temperature: float = 1.0
+    seed: int | None = None
+    kv_params: dict[str, Any] | None = None  # NixlConnector hand-off from the prefill result
+
+
+@dataclass(frozen=True)
+class GenResult:
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # sampled-token log-probabilities under the behaviour policy
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    cached_tokens: int  # prompt tokens not recomputed (local prefix cache + KV from the connector)
+    weight_version: int  # version when the request finished (pauses may update it mid-request)
+    kv_params: dict[str, Any] | None = None
+    elapsed_s: float = 0.0
+
+
+class Engine(Protocol):
+    role: Role
+    weight_version: int
+
+    async def start(self) -> dict[str, Any]: ...
+    async def generate(self, req: GenRequest) -> GenResult: ...
+    async def abort(self, request_id: str) -> None: ...
+    async def load_weights(self, blob: bytes, version: int) -> dict[str, float]: ...
+    async def checksum(self) -> float: ...
+    async def shutdown(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- vLLM
+def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
+    """None for colocated; a producer / consumer config for the disaggregated roles.
+
+    ExampleConnector (CPU, shared folder) needs the explicit producer/consumer split; on GPUs
+    NixlConnector engines are kv_both and the request's kv_transfer_params say which side.
+    """
+    if role == "colocated":
+        return None
+    from vllm.config import KVTransferConfig
+
+    if settings.kv_connector == "NixlConnector":
+        return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device=settings.kv_buffer_device)
+    return KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+        kv_connector_extra_config={"shared_storage_path": settings.kv_store},
+    )
+
+
+class VLLMEngine:
+    """One vLLM AsyncLLM in a role. Role changes rebuild the engine (the connector is fixed at start)."""
+
+    def __init__(self, settings: EngineSettings, role: Role) -> None:
+        self.settings, self.role = settings, role
+        self.weight_version = 0
+        self._engine: Any = None
+        self._blob: bytes | None = None  # latest weights, reloaded after a restart
+
+    async def start(self) -> dict[str, Any]:
+        if not os.path.exists(os.path.join(self.settings.model, "config.json")):
+            raise EngineStartError(f"model path {self.settings.model!r} has no config.json")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self.role != "colocated" and self.settings.kv_connector == "ExampleConnector":
+            os.makedirs(self.settings.kv_store, exist_ok=True)
+        s = self.settings
+        t0 = time.perf_counter()
+        try:
+            self._engine = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(
+                    model=s.model,
+                    dtype=s.dtype,
+                    max_model_len=s.max_model_len,
+                    block_size=s.block_size,
+                    enforce_eager=s.enforce_eager,
+                    enable_prefix_caching=s.enable_prefix_caching,
+                    seed=s.seed,
+                    gpu_memory_utilization=s.gpu_memory_utilization,
+                    kv_transfer_config=kv_transfer_config(s, self.role),
+                    worker_extension_cls=EXTENSION_CLS,
+                )
+            )
+        except Exception as exc:  # vLLM raises many types; the caller needs one clear line
+            raise EngineStartError(f"vLLM engine ({self.role}, model {s.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
+        start_s = time.perf_counter() - t0
+        if self._blob is not None:
+            await self._engine.collective_rpc("pearl_load_weights", args=(self._blob,))
+        return {"start_s": start_s, "pid": os.getpid(), "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")}
+
+    def _sampling(self, req: GenRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra: dict[str, Any] | None = None
+        max_tokens = req.max_tokens
+        if req.phase == "prefill":
+            max_tokens = 1
+            if self.settings.kv_connector == "NixlConnector":
+                extra = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+        elif req.phase == "decode" and req.kv_params:
+            extra = {"kv_transfer_params": dict(req.kv_params)}
+        return SamplingParams(
+            temperature=req.temperature,
+            max_tokens=max_tokens,
+            seed=req.seed,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra,
+        )
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        from vllm import TokensPrompt
+
+        t0 = time.perf_counter()
+        toks: list[int] = []
+        lps: list[float] = []
+        finish, cached, kv_out = None, 0, None
+        async for out in self._engine.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)), self._sampling(req), request_id=req.request_id):
+            o = out.outputs[0]
+            toks.extend(o.token_ids)
+            if o.logprobs:
+                lps.extend(float(d[t].logprob) for t, d in zip(o.token_ids, o.logprobs))
+            finish = o.finish_reason or finish
+            cached = out.num_cached_tokens or cached
+            kv_out = getattr(out, "kv_transfer_params", None) or kv_out
+        if len(lps) != len(toks):
+            lps = (lps + [0.0] * len(toks))[: len(toks)]
+        return GenResult(req.request_id, tuple(toks), tuple(lps), finish, int(cached or 0), self.weight_version, kv_out, time.perf_counter() - t0)
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
+        """pause(keep) -> reload -> resume: in-flight requests keep their state and continue."""
+        t0 = time.perf_counter()
+        await self._engine.pause_generation(mode="keep", clear_cache=True)
+        t1 = time.perf_counter()
+        try:
+            await self._engine.collective_rpc("pearl_load_weights", args=(blob,))
+            self.weight_version = version
+            self._blob = blob
+            await self._engine.update_weight_version(str(version))
+        finally:
+            await self._engine.resume_generation()
+        return {"pause_s": t1 - t0, "total_s": time.perf_counter() - t0}
+
+    async def checksum(self) -> float:
+        res = await self._engine.collective_rpc("pearl_weights_checksum")
+        return float(res[0])
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+# ----------------------------------------------------------------------------- emulated
+@dataclass
+class _Pending:
+    req: GenRequest
+    rid: int
+    cached: int
+    carried: int  # tokens generated before an eviction of another request forced a resubmit
+    done: asyncio.Future
+
+
+class EmulatedEngine:
+    """The project's engine model (models.engine.Engine) driven on the wall clock.
+
+    Virtual time = wall seconds since start x `time_scale`. A driver task sleeps until the
+    model's next event, completes it and resolves the requests that finished. Token ids are
+    drawn from a seeded generator with a uniform log-probability: emulation is for
+    scheduling and scale (many virtual GPUs in one process), not for learning.
+    """
+
+    def __init__(self, step_model: Any, role: Role, vocab: int = 1024, time_scale: float = 1.0, seed: int = 0, block: int = 32) -> None:
+        import numpy as np
+
+        from models.engine import Engine as EngineModel
+        from models.engine import EngineConfig
+
+        self.role = role
+        self.weight_version = 0
+        self._step_model = step_model
+        self._model = EngineModel(EngineConfig.for_model(step_model, role))
+        self._vocab, self._scale, self._block = vocab, time_scale, block
+        self._rng = np.random.default_rng(seed)
+        self._prefix: set[bytes] = set()
+        self._pending: dict[int, _Pending] = {}
+        self._by_name: dict[str, int] = {}
+        self._next = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._t0 = time.monotonic()
+
+    @property
+    def busy_s(self) -> float:
+        return float(self._model.stats.busy_s)
+
+    def _now(self) -> float:
+        return (time.monotonic() - self._t0) * self._scale
+
+    async def start(self) -> dict[str, Any]:
+        self._task = asyncio.get_running_loop().create_task(self._drive())
+        return {"start_s": 0.0, "pid": os.getpid(), "bind": "emulated"}
+
+    def _cached_prefix(self, ids: tuple[int, ...]) -> int:
+        best = 0
+        for n in range(self._block, len(ids), self._block):
+            if hash(ids[:n]).to_bytes(8, "little", signed=True) not in self._prefix:
+                break
+            best = n
+        return best
+
+    def _remember(self, ids: tuple[int, ...]) -> None:
+        if len(self._prefix) > 500_000:
+            self._prefix.clear()
+        for n in range(self._block, len(ids), self._block):
+            self._prefix.add(hash(ids[:n]).to_bytes(8, "little", signed=True))
+
+    def _submit(self, p: _Pending, already: int = 0) -> None:
+        from models.engine import Request
+
+        n = len(p.req.prompt_ids) + already
+        decode = 0 if p.req.phase == "prefill" else max(p.req.max_tokens - already, 1)
+        prefix = n - 1 if p.req.phase == "decode" else (p.cached if already == 0 else n - 1)
+        self._model.submit(Request(p.rid, max(n - prefix, 1), prefix, decode), self._now())
+        self._wake.set()
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        t0 = time.perf_counter()
+        rid = self._next
+        self._next += 1
+        cached = len(req.prompt_ids) - 1 if req.phase == "decode" else self._cached_prefix(req.prompt_ids)
+        p = _Pending(req, rid, cached, 0, asyncio.get_running_loop().create_future())
+        self._pending[rid] = p
+        self._by_name[req.request_id] = rid
+        self._submit(p)
+        generated, aborted = await p.done
+        self._by_name.pop(req.request_id, None)
+        self._remember(req.prompt_ids)
+        n = 1 if req.phase == "prefill" else generated
+        toks = tuple(int(x) for x in self._rng.integers(4, self._vocab, n))
+        lp = tuple([-math.log(self._vocab)] * n)
+        return GenResult(req.request_id, toks, lp, "abort" if aborted else "length", cached, self.weight_version, None, time.perf_counter() - t0)
+
+    async def _drive(self) -> None:
+        while True:
+            t_next = self._model.next_event()
+            self._wake.clear()
+            if math.isinf(t_next):
+                await self._wake.wait()
+                continue
+            delay = (t_next - self._now()) / self._scale
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    continue  # new work arrived: the model re-planned; look again
+                except asyncio.TimeoutError:
+                    pass
+            for out in self._model.on_event(t_next):
+                p = self._pending.pop(out.rid, None)
+                if p is not None and not p.done.done():
+                    p.done.set_result((p.carried + out.generated, False))
+
+    async def abort(self, request_id: str) -> None:
+        rid = self._by_name.get(request_id)
+        if rid is None or rid not in self._pending:
+            return
+        evicted = {e.rid: e.generated for e in self._model.evict_all(self._now())}
+        target = self._pending.pop(rid)
+        target.done.set_result((target.carried + evicted.get(rid, 0), True))
+        for other in self._pending.values():  # the model evicts everyone: put the others back with their progress
+            got = evicted.get(other.rid, 0)
+            other.carried += got
+            self._submit(other, other.carried)
+
+    async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
+        self.weight_version = version
+        return {"pause_s": 0.0, "total_s": 0.0}
+
+    async def checksum(self) -> float:
+        return float(self.weight_version)
+
+    async def shutdown(self) -> None:
+        for name in list(self._by_name):
+            await self.abort(name)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None

@@ -1,0 +1,71 @@
+"""GPU slots as Ray custom resources, their fixed bindings, and elastic availability over time.
+
+Every GPU of the cluster spec is a stable slot with the planner's GPU id, one Ray custom
+resource (`pearl_gpu_<n>`, amount 1) and a fixed binding: the CPU cores its vLLM engine is
+pinned to on this machine (`VLLM_CPU_OMP_THREADS_BIND`) or the device index on a GPU node.
+Roles and membership change; bindings never do. Locally all slots are declared when Ray
+starts; on a real cluster the nodes declare their slots (`ray start --resources`) and an
+elastic node's slots come and go with it.
+
+Elastic availability follows either inline events from the config or a real trace
+(`runtime/traces.py`), with time compressed by `trace.time_scale`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from planner.state import ClusterState
+
+
+@dataclass(frozen=True)
+class Slot:
+    gpu: str  # planner GPU id, stable
+    index: int
+    pool: str
+    resource: str
+    binding: str
+
+
+@dataclass(frozen=True)
+class AvailabilityChange:
+    at_s: float  # wall seconds after the run starts
+    available: int  # elastic GPUs that exist from then on
+
+
+def resource_name(index: int) -> str:
+    return f"pearl_gpu_{index}"
+
+
+def make_slots(state: ClusterState, bindings: list[str] | None = None, cores: int | None = None) -> tuple[Slot, ...]:
+    """One slot per GPU; binding from config, else the slot's core (index mod core count)."""
+    cores = cores or os.cpu_count() or 1
+    out = []
+    for i, g in enumerate(state.gpus):
+        bind = bindings[i % len(bindings)] if bindings else str(i % cores)
+        out.append(Slot(g.id, i, g.pool, resource_name(i), bind))
+    return tuple(out)
+
+
+def ray_resources(slots: tuple[Slot, ...]) -> dict[str, float]:
+    return {s.resource: 1.0 for s in slots}
+
+
+def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, ...]:
+    """Availability changes of the elastic pool, in wall seconds after start.
+
+    Inline `runtime.elastic_events` win; otherwise the experiment's trace (if any) through
+    runtime.traces with its time compression; otherwise the pool is always fully available.
+    """
+    rt = spec.runtime
+    if rt.elastic_events:
+        return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus)) for e in sorted(rt.elastic_events, key=lambda e: e.at_s))
+    if spec.trace is None or elastic_gpus == 0:
+        return (AvailabilityChange(0.0, elastic_gpus),)
+    from runtime import traces  # the real trace readers (Bamboo, SkyPilot)
+
+    series = traces.load_trace(spec.trace, elastic_gpus)  # type: ignore[attr-defined]
+    scale = spec.trace.time_scale
+    return tuple(AvailabilityChange(float(t) / scale, int(min(n, elastic_gpus))) for t, n in series)

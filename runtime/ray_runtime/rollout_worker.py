@@ -1,0 +1,138 @@
+"""Rollout worker: a Ray actor holding the engines of its GPU slots.
+
+With the `vllm` backend an actor holds one slot (one engine, pinned to its core / GPU by
+the slot's fixed binding). With the `emulated` backend one actor hosts many virtual GPU
+slots, since every Ray actor is a ~79 MB process and 64 of them take tens of seconds to
+start. The controller addresses a slot as (actor, slot id) either way.
+
+The worker never decides anything: it starts, stops, drains and re-roles engines when the
+controller applies a plan, serves generation requests, and loads weights in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from runtime.ray_runtime.engines import EmulatedEngine, Engine, EngineSettings, EngineStartError, GenRequest, GenResult, Role, VLLMEngine
+
+Backend = Literal["vllm", "emulated"]
+
+
+@dataclass(frozen=True)
+class EmulatedSettings:
+    """What the emulated backend needs: the step-latency model and the clock compression."""
+
+    step_model: Any  # models.step_latency.StepLatencyModel (frozen, picklable)
+    time_scale: float = 1.0
+    vocab: int = 1024
+    role_switch_s: float = 25.0
+    engine_start_s: float = 20.0
+
+
+class RolloutWorker:
+    """Async actor: every method is a coroutine so generation, aborts and weight loads interleave."""
+
+    def __init__(self, backend: Backend, settings: EngineSettings | None = None, emulated: EmulatedSettings | None = None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.emulated = emulated
+        self.engines: dict[int, Engine] = {}
+        self.inflight: dict[int, set[str]] = {}
+        self.draining: set[int] = set()
+        self.blob: bytes | None = None
+        self.version = 0
+        self.started_s: dict[int, float] = {}
+
+    def _make(self, slot: int, role: Role) -> Engine:
+        if self.backend == "vllm":
+            assert self.settings is not None
+            return VLLMEngine(self.settings, role)
+        assert self.emulated is not None
+        e = self.emulated
+        return EmulatedEngine(e.step_model, role, e.vocab, e.time_scale, seed=slot)
+
+    async def start_slot(self, slot: int, role: Role) -> dict[str, Any]:
+        """Start the slot's engine and bring it to the latest weights before it is admitted."""
+        t0 = time.perf_counter()
+        engine = self._make(slot, role)
+        try:
+            info = await engine.start()
+        except EngineStartError as exc:
+            return {"ok": False, "slot": slot, "error": str(exc)}
+        if self.backend == "emulated" and self.emulated is not None:
+            await asyncio.sleep(self.emulated.engine_start_s / self.emulated.time_scale)
+        if self.blob is not None:
+            await engine.load_weights(self.blob, self.version)
+        self.engines[slot] = engine
+        self.inflight.setdefault(slot, set())
+        self.draining.discard(slot)
+        self.started_s[slot] = time.perf_counter() - t0
+        return {"ok": True, "slot": slot, "role": role, "seconds": self.started_s[slot], "version": engine.weight_version, **info}
+
+    async def stop_slot(self, slot: int) -> list[str]:
+        """Abort what runs on the slot (callers get partial outputs back) and free the engine."""
+        aborted = await self.drain(slot)
+        engine = self.engines.pop(slot, None)
+        if engine is not None:
+            await engine.shutdown()
+        return aborted
+
+    async def drain(self, slot: int) -> list[str]:
+        """Stop taking requests and interrupt the in-flight ones; their generated prefixes return to callers."""
+        self.draining.add(slot)
+        engine = self.engines.get(slot)
+        rids = sorted(self.inflight.get(slot, set()))
+        if engine is not None:
+            for rid in rids:
+                await engine.abort(rid)
+        return rids
+
+    async def switch_role(self, slot: int, role: Role) -> dict[str, Any]:
+        """Same slot, same binding, new role. vLLM fixes the KV connector at start, so the engine restarts."""
+        t0 = time.perf_counter()
+        old = self.engines.get(slot)
+        if old is not None and old.role == role:
+            return {"ok": True, "slot": slot, "role": role, "seconds": 0.0}
+        await self.stop_slot(slot)
+        if self.backend == "emulated" and self.emulated is not None:
+            await asyncio.sleep(max(self.emulated.role_switch_s - self.emulated.engine_start_s, 0.0) / self.emulated.time_scale)
+        info = await self.start_slot(slot, role)
+        info["seconds"] = time.perf_counter() - t0
+        return info
+
+    async def generate(self, slot: int, req: GenRequest) -> GenResult:
+        engine = self.engines.get(slot)
+        if engine is None or slot in self.draining:
+            return GenResult(req.request_id, (), (), "abort", 0, self.version)
+        self.inflight[slot].add(req.request_id)
+        try:
+            return await engine.generate(req)
+        finally:
+            self.inflight[slot].discard(req.request_id)
+
+    async def load_weights(self, blob: bytes, version: int) -> dict[int, dict[str, float]]:
+        """Push new weights to every engine of this worker; in-flight requests pause and resume."""
+        self.blob, self.version = blob, version
+        out: dict[int, dict[str, float]] = {}
+        for slot, engine in list(self.engines.items()):
+            out[slot] = await engine.load_weights(blob, version)
+        return out
+
+    async def versions(self) -> dict[int, int]:
+        return {slot: e.weight_version for slot, e in self.engines.items()}
+
+    async def roles(self) -> dict[int, str]:
+        return {slot: e.role for slot, e in self.engines.items()}
+
+    async def checksum(self, slot: int) -> float:
+        return await self.engines[slot].checksum()
+
+    async def busy_seconds(self) -> dict[int, float]:
+        return {slot: float(getattr(e, "busy_s", 0.0)) for slot, e in self.engines.items()}
+
+    async def shutdown(self) -> None:
+        for slot in list(self.engines):
+            await self.stop_slot(slot)

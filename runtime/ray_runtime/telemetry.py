@@ -1,0 +1,144 @@
+"""Runtime tracker: per-step telemetry, refitting the predictor, metrics to JSONL.
+
+After every rollout step the tracker records what the batch really did (turns, new input
+tokens per turn, generated tokens per turn, environment time, transition costs measured
+while applying plans) and refits the predictor for the next decision:
+  - workload parameters: the means of turns, initial prompt, new tokens per turn,
+    response tokens per turn and tool latency become the measured ones (adjacent steps
+    are similar; no stationarity assumed: the latest step wins, smoothed by an EMA);
+  - engine speed: the profile's coefficients are scaled by an EMA of measured over
+    predicted rollout time, so a derived profile converges to this machine;
+  - transition costs: EMAs of measured engine start and role-switch seconds.
+Each step's measured-vs-predicted error is written to the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.builder import ExperimentModels, build_models
+from models.config import Distribution, ExperimentSpec
+from models.step_latency import EngineProfile, StepCoefficients
+
+
+@dataclass(frozen=True)
+class StepTelemetry:
+    step: int
+    trajectories: int
+    mean_turns: float
+    mean_initial_tokens: float
+    mean_new_tokens: float
+    mean_response_tokens: float
+    mean_env_s: float
+    generated_tokens: int
+    rollout_s: float
+    predicted_s: float
+    mode: str
+    ratio: str
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction made for this step's configuration."""
+        return (self.predicted_s - self.rollout_s) / self.rollout_s if self.rollout_s > 0 else 0.0
+
+
+def _with_mean(d: Distribution, mean: float) -> Distribution:
+    if not np.isfinite(mean) or mean <= 0:
+        return d
+    if d.kind == "uniform":
+        assert d.min is not None and d.max is not None
+        shift = mean - (d.min + d.max) / 2
+        lo = max(d.min + shift, 0.0)
+        return d.model_copy(update={"min": lo, "max": max(d.max + shift, lo)})
+    upd: dict[str, Any] = {"mean": mean}
+    if d.min is not None and mean < d.min:
+        upd["min"] = mean
+    if d.max is not None and mean > d.max:
+        upd["max"] = mean
+    return d.model_copy(update=upd)
+
+
+def scale_profile(p: EngineProfile, k: float) -> EngineProfile:
+    def sc(c: StepCoefficients) -> StepCoefficients:
+        return StepCoefficients.from_vector(c.vector() * k)
+
+    return replace(p, prefill=sc(p.prefill), decode=sc(p.decode), notes=f"{p.notes} (runtime-calibrated x{k:.3g})".strip())
+
+
+@dataclass
+class RuntimeTracker:
+    """Refits the experiment's models from measured steps (see module docstring)."""
+
+    spec: ExperimentSpec
+    base_profile: EngineProfile
+    env_scale: float = 1.0  # tool sleeps run at 1/time_scale: the predictor sees wall seconds
+    alpha: float = 0.5
+    speed: float = 1.0
+    history: list[StepTelemetry] = field(default_factory=list)
+    transition_s: dict[str, float] = field(default_factory=dict)
+
+    def models(self) -> ExperimentModels:
+        return build_models(self.spec, profile=scale_profile(self.base_profile, self.speed), env_scale=self.env_scale)
+
+    def record_transition(self, kind: str, seconds: float) -> None:
+        old = self.transition_s.get(kind)
+        self.transition_s[kind] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def observe(self, t: StepTelemetry) -> ExperimentSpec:
+        """Record a step and refit; returns the refitted spec (workload + measured transition costs)."""
+        self.history.append(t)
+        if t.predicted_s > 0 and t.rollout_s > 0 and np.isfinite(t.predicted_s):
+            ratio = t.rollout_s / t.predicted_s
+            self.speed = float(np.clip(self.speed * ((1 - self.alpha) + self.alpha * ratio), 1e-3, 1e6))
+        w = self.spec.workload
+        a = self.alpha
+
+        def ema(d: Distribution, x: float) -> Distribution:
+            return _with_mean(d, (1 - a) * d.expected() + a * x)
+
+        workload = w.model_copy(
+            update={
+                "turns": ema(w.turns, t.mean_turns),
+                "initial_prompt_tokens": ema(w.initial_prompt_tokens, t.mean_initial_tokens),
+                "new_tokens_per_turn": ema(w.new_tokens_per_turn, t.mean_new_tokens),
+                "response_tokens_per_turn": ema(w.response_tokens_per_turn, t.mean_response_tokens),
+                "env_latency_s": ema(w.env_latency_s, t.mean_env_s),
+            }
+        )
+        tc = self.spec.transition_costs.model_copy(
+            update={k: v for k, v in (("engine_start_s", self.transition_s.get("start")), ("role_switch_s", self.transition_s.get("switch_role"))) if v is not None}
+        )
+        self.spec = self.spec.model_copy(update={"workload": workload, "transition_costs": tc})
+        return self.spec
+
+
+class MetricsWriter:
+    """Appends one JSON object per event to a JSONL file (streamed: flushed per line)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("w")
+        self._t0 = time.time()
+
+    def write(self, record: str, /, **data: Any) -> None:
+        rec = {"t": round(time.time() - self._t0, 4), "record": record, **data}
+        self._f.write(json.dumps(rec, default=_jsonable) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "__dataclass_fields__"):
+        return asdict(x)
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return str(x)
