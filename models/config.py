@@ -172,7 +172,12 @@ class WorkloadSpec(Frozen):
     new_tokens_per_turn: Distribution
     response_tokens_per_turn: Distribution
     env_latency_s: Distribution
-    max_trajectory_tokens: PositiveInt = 32768
+    max_trajectory_tokens: PositiveInt = Field(32768, description="a trajectory ends when its context reaches this")
+    prefix_cache_hit: Annotated[float, Field(ge=0, le=1)] = Field(
+        1.0,
+        description="share of a turn's earlier context served from the prefix cache; the rest is prefilled again "
+        "(1 = sticky routing with perfect reuse; 0 = every turn re-prefills its whole context)",
+    )
 
     # Field validators (not a model validator) so that an error names the offending field.
     @field_validator("group_size")

@@ -60,22 +60,33 @@ class BatchShape:
 
 
 def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: float = 1.0) -> BatchShape:
-    """Turn-indexed batch from the workload's distributions (B quantiles of the turn count)."""
+    """Turn-indexed batch from the workload's distributions (B quantiles of the turn count).
+
+    A trajectory ends at its drawn turn count or when its context reaches
+    max_trajectory_tokens, whichever comes first (the rollout truncates it there), so the
+    tail is never longer than the token budget allows. Of each turn's earlier context, the
+    share `prefix_cache_hit` is a prefix-cache hit; the rest is prefilled again with the
+    turn's new tokens (new_tokens holds what is actually prefilled).
+    """
     b = batch or workload.trajectories_per_batch
     q = (np.arange(b) + 0.5) / b
     turns = np.array([max(1, round(workload.turns.quantile(x))) for x in q])
-    k_max = int(turns.max())
-    active = np.array([(turns >= k + 1).sum() for k in range(k_max)], dtype=float)
     r = workload.response_tokens_per_turn.expected()
     first = workload.initial_prompt_tokens.expected()
     per_turn = workload.new_tokens_per_turn.expected()
-    new = np.full(k_max, per_turn)
-    new[0] = first
-    prefix = np.concatenate([[0.0], np.cumsum(new[:-1] + r)])
     cap = float(workload.max_trajectory_tokens)
-    prefix = np.minimum(prefix, cap)
+    new = np.full(int(turns.max()), per_turn)
+    new[0] = first
+    ends = np.cumsum(new + r)  # context after each turn, untruncated
+    budget_turns = int(min(len(ends), np.count_nonzero(ends < cap) + 1))  # the turn that crosses cap is the last
+    turns = np.minimum(turns, budget_turns)
+    k_max = int(turns.max())
+    active = np.array([(turns >= k + 1).sum() for k in range(k_max)], dtype=float)
+    new = new[:k_max]
+    prefix = np.minimum(np.concatenate([[0.0], ends[: k_max - 1]]), cap)
     new = np.minimum(new, np.maximum(cap - prefix, 1.0))
-    return BatchShape(b, active, new, prefix, r, workload.env_latency_s.expected() * env_scale)
+    hit = workload.prefix_cache_hit
+    return BatchShape(b, active, new + (1.0 - hit) * prefix, hit * prefix, r, workload.env_latency_s.expected() * env_scale)
 
 
 @dataclass(frozen=True)
