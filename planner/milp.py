@@ -169,8 +169,9 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     if not options.allow_borrow:
         pools.discard("training")
     raw = []
+    held = {gid for wk in state.workers if wk.draining for gid in wk.gpus}  # free only once drained
     for grp in state.groups():
-        cap = grp.usable
+        cap = grp.usable - sum(1 for gid in grp.gpu_ids if gid in held and state.gpu(gid).usable)
         if grp.pool not in pools and "policy" not in relax:
             cap = 0
         if grp.pool == "training" and not lendable and "borrow_window" not in relax:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import pulp
 
@@ -28,7 +29,7 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
         used = []
         for r in R:
             ub = g.ub(r, tp[r])
-            X[gi, r] = pulp.LpVariable(f"x_{gi}_{r}", 0, ub, cat="Integer")
+            X[gi, r] = prob.add_variable(f"x_{gi}_{r}", 0, ub, cat="Integer")
             N[r].append(X[gi, r])
             KV[r].append(g.kv_units[r] * X[gi, r])
             G.append(tp[r] * X[gi, r])
@@ -38,23 +39,23 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
         for a in R:
             for b in R:
                 if g.cur[a] and tp[a] == tp[b]:
-                    flows[a, b] = pulp.LpVariable(f"f_{gi}_{a}_{b}", 0, g.total_cur(a), cat="Integer")
+                    flows[a, b] = prob.add_variable(f"f_{gi}_{a}_{b}", 0, g.total_cur(a), cat="Integer")
         for a in R:
-            stop = pulp.LpVariable(f"stop_{gi}_{a}", 0, g.total_cur(a), cat="Integer")
+            stop = prob.add_variable(f"stop_{gi}_{a}", 0, g.total_cur(a), cat="Integer")
             prob += pulp.lpSum(flows[a, b] for b in R if (a, b) in flows) + stop == g.total_cur(a), f"out_{gi}_{a}"
             cost_terms.append(g.stop_ms[a] * stop)
         for b in R:
-            start = pulp.LpVariable(f"start_{gi}_{b}", 0, None, cat="Integer")
+            start = prob.add_variable(f"start_{gi}_{b}", 0, None, cat="Integer")
             prob += pulp.lpSum(flows[a, b] for a in R if (a, b) in flows) + start == X[gi, b], f"in_{gi}_{b}"
             cost_terms.append(g.start_ms[b] * start)
         for (a, b), f in flows.items():
             if a != b:
                 cost_terms.append(g.switch_ms[b] * f)
-    dis = pulp.LpVariable("dis", 0 if "colocated" in p.modes and p.fixed_pd is None else 1, 1 if "disaggregated" in p.modes else 0, cat="Integer")
-    T = pulp.LpVariable("T", 0, None)
+    dis = prob.add_variable("dis", 0 if "colocated" in p.modes and p.fixed_pd is None else 1, 1 if "disaggregated" in p.modes else 0, cat="Integer")
+    T = prob.add_variable("T", 0, None)
     for r in R:
         cap_r = sum(g.ub(r, tp[r]) for g in p.groups)
-        sel = {k: pulp.LpVariable(f"sel_{r}_{k}", 0, 1, cat="Binary") for k, _ in p.entries[r] if k <= cap_r}
+        sel = {k: prob.add_variable(f"sel_{r}_{k}", 0, 1, cat="Binary") for k, _ in p.entries[r] if k <= cap_r}
         prob += pulp.lpSum(sel.values()) == 1, f"onehot_{r}"
         off = sel[0]
         prob += (off == dis) if r == 0 else (off == 1 - dis), f"off_{r}"
@@ -72,8 +73,10 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
     if p.max_gpus is not None:
         prob += pulp.lpSum(G) <= p.max_gpus, "max_gpus"
     prob += T + pulp.lpSum(cost_terms) + p.constant_ms
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5)
-    prob.solve(solver)
+    with warnings.catch_warnings():  # PuLP 3.3 flags PULP_CBC_CMD for its 4.0 rename; it is the bundled CBC
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5)
+        prob.solve(solver)
     ms = (time.perf_counter() - t0) * 1000
     status = pulp.LpStatus[prob.status]
     sol_status = prob.sol_status

@@ -155,11 +155,12 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
                 leaving.append((w, False))
             elif new != w.role:
                 switching.append((w, new))
-        staying = {gid for w in ws if assign[w.id] is not None for gid in w.gpus}
         leaving_here = {gid for w in ws if assign[w.id] is None for gid in w.gpus}
+        leaving_here |= {gid for w in forced if state.group_key_of(w) == key for gid in w.gpus}
         grp = groups.get(key)
-        free = [g for g in (grp.gpu_ids if grp else ()) if state.gpu(g).usable and g not in staying and g not in leaving_here and g not in owner]
-        free += [g for g in (grp.gpu_ids if grp else ()) if g in leaving_here]
+        ids = grp.gpu_ids if grp else ()
+        free = [g for g in ids if state.gpu(g).usable and g not in owner]
+        free += [g for g in ids if g in leaving_here and state.gpu(g).usable]
         for r in sorted(ROLES, key=lambda r: -tp[r]):
             for _ in range(need[r]):
                 gpus, free = tuple(free[: tp[r]]), free[tp[r] :]
@@ -169,7 +170,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
     # stops of leaving workers (urgent ones first, no waiting)
     drain_of: dict[str, int] = {}
     for w, urgent in leaving:
-        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, duration_s=c.drain_s)
+        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, duration_s=c.stop_s)
         drain_of[w.id] = d
         stop_of[w.id] = add("stop", worker=w.id, gpus=w.gpus, from_role=w.role, after=(d,))
     returns = 0
@@ -211,7 +212,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
         if a.kind == "drain" and a.worker not in urgent and ready:
             actions[i] = Action(a.id, a.kind, a.worker, a.gpus, a.role, a.from_role, tuple(ready), a.duration_s, a.deadline_s)
     for w, r in switching:
-        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, after=tuple(ready), duration_s=c.drain_s)
+        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, after=tuple(ready), duration_s=c.stop_s)
         sw = add("switch_role", worker=w.id, gpus=w.gpus, role=r, from_role=w.role, after=(d,), duration_s=c.switch_s)
         if w.weight_version < state.weight_version:
             add("load_weights", worker=w.id, gpus=w.gpus, role=r, after=(sw,), duration_s=c.weight_load_s)
