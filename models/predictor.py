@@ -144,22 +144,44 @@ class RolloutPredictor:
         return tokens * arch.kv_bytes_per_token(engine.llm) / (self.kv_link_gb_s * 1e9)
 
     # -- the fixed point, vectorised over candidates (rows) and turns (columns)
-    def _turn_times(self, engine: StepLatencyModel, m: np.ndarray, prefill_busy: np.ndarray, fixed_path: np.ndarray, interfere: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _turn_given_c(self, engine: StepLatencyModel, c: np.ndarray, m: np.ndarray, prefill_busy: np.ndarray, fixed_path: np.ndarray, interfere: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Turn time T and the concurrency it implies, m*D/T, for a trial concurrency c.
+
+        With prefill interference the decode share of a turn is D = R/(1 - P/T), R = r*tau(c),
+        so the trajectory's path T = F + R*T/(T - P) is the larger root of
+        T^2 - (P + F + R) T + F P = 0 (always > P); the engine cannot finish sooner than its
+        work, T >= busy.
+        """
         r = self.shape.response_tokens
+        cc = np.maximum(c, 1.0)
+        tau = self._tau(engine, cc)
+        rr = r * tau
+        busy = prefill_busy + m * rr / cc
+        if interfere:
+            s = prefill_busy + fixed_path + rr
+            path = 0.5 * (s + np.sqrt(np.maximum(s * s - 4.0 * fixed_path * prefill_busy, 0.0)))
+            t = np.maximum(path, busy)
+            d = rr * t / (t - prefill_busy)
+        else:
+            t = np.maximum(fixed_path + rr, busy)
+            d = rr
+        return t, m * d / t
+
+    def _turn_times(self, engine: StepLatencyModel, m: np.ndarray, prefill_busy: np.ndarray, fixed_path: np.ndarray, interfere: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Largest solution of c = min(m*D(c)/T(c), cap) per turn.
+
+        The implied concurrency grows with c (a fuller batch is slower per step but serves
+        more sequences), so iterating from the top, c = min(m, cap), decreases monotonically to
+        the largest fixed point: the one continuous batching reaches, since queued sequences
+        always join the running batch. T(c) is solved in closed form at each step.
+        """
         _, _, cap, _ = self._decode_affine(engine)
         cap = np.broadcast_to(cap, m.shape)
         c = np.minimum(m, cap)
-        t = fixed_path + r * self._tau(engine, np.maximum(c, 1.0)) + prefill_busy
         for _ in range(FIXED_POINT_ITERS):
-            cc = np.maximum(c, 1.0)
-            tau = self._tau(engine, cc)
-            phi = np.minimum(prefill_busy / t, 0.95) if interfere else 0.0
-            d = r * tau / (1.0 - phi)
-            path = fixed_path + d
-            busy = prefill_busy + m * r * tau / cc
-            t = np.maximum(path, busy)
-            c_new = np.minimum(m * d / t, cap)
-            c = 0.5 * c + 0.5 * c_new
+            _, implied = self._turn_given_c(engine, c, m, prefill_busy, fixed_path, interfere)
+            c = np.minimum(np.minimum(implied, cap), c)
+        t, _ = self._turn_given_c(engine, c, m, prefill_busy, fixed_path, interfere)
         t = np.where(cap < 1.0, np.inf, t)
         return t, c
 
