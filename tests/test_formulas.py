@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from models import architecture as arch
-from models.config import ClusterSpec, Distribution, NodeGroup, TransitionCostsSpec, load_hardware, load_llms
+from models.config import ClusterSpec, Distribution, NodeGroup, TransitionCostsSpec, WorkloadSpec, load_hardware, load_llms
 from models.predictor import batch_shape
 from models.step_latency import FEATURES, StepLatencyModel, StepShape, load_profile, step_features
 from models.training import training_step_s
@@ -118,6 +118,31 @@ def test_batch_shape_tail_and_context_cap() -> None:
     assert np.all(np.diff(s.active) <= 0)  # the long tail: trajectories finish, none join
     assert np.all(s.prefix_tokens <= spec.workload.max_trajectory_tokens)
     assert np.all(np.diff(s.prefix_tokens) >= 0)
+
+
+def test_trajectories_end_at_the_token_budget() -> None:
+    w = WorkloadSpec(
+        trajectories_per_batch=4,
+        turns=Distribution(kind="constant", mean=100),
+        initial_prompt_tokens=Distribution(kind="constant", mean=1000),
+        new_tokens_per_turn=Distribution(kind="constant", mean=700),
+        response_tokens_per_turn=Distribution(kind="constant", mean=300),
+        env_latency_s=Distribution(kind="constant", mean=1.0),
+        max_trajectory_tokens=10_000,
+    )
+    s = batch_shape(w)
+    # 1300 tokens after turn 1, then +1000 per turn: turn 10 crosses 10,000 and is the last.
+    assert s.turns == 10
+    assert s.prefix_tokens[-1] + s.new_tokens[-1] <= 10_000
+
+
+def test_prefix_cache_hit_moves_context_into_prefill() -> None:
+    from models.config import load_experiment
+
+    w = load_experiment(CONFIG_ROOT / "experiments" / "pd-crossover.yaml").workload
+    full, none = (batch_shape(w.model_copy(update={"prefix_cache_hit": h}), 64) for h in (1.0, 0.0))
+    assert np.allclose(full.prefix_tokens + full.new_tokens, none.prefix_tokens + none.new_tokens)  # same context
+    assert np.all(none.prefix_tokens == 0) and np.all(none.new_tokens >= full.new_tokens)
 
 
 # ----------------------------------------------------------------------------- transitions

@@ -47,6 +47,7 @@ def workloads(draw: st.DrawFn) -> WorkloadSpec:
         response_tokens_per_turn=dist(1, 4096, 1500),
         env_latency_s=dist(0, 120, 20),
         max_trajectory_tokens=draw(st.sampled_from([4096, 16384, 32768])),
+        prefix_cache_hit=draw(st.sampled_from([0.0, 0.28, 1.0])),
     )
 
 
@@ -97,3 +98,11 @@ def test_more_trajectories_never_finish_sooner(model: str, tp: int, w: WorkloadS
     n_p = max(1, total // 3)
     assert big.disaggregated(n_p, total - n_p).completion_s >= small.disaggregated(n_p, total - n_p).completion_s * (1 - RTOL)
     assert big.best_disaggregated(total).completion_s >= small.best_disaggregated(total).completion_s * (1 - RTOL)
+
+
+@SETTINGS
+@given(models_, tps, workloads(), st.integers(1, 32), st.integers(2, 32))
+def test_losing_prefix_reuse_never_speeds_the_batch(model: str, tp: int, w: WorkloadSpec, n: int, total: int) -> None:
+    reuse, no_reuse = (predictor(model, tp, w.model_copy(update={"prefix_cache_hit": h})) for h in (1.0, 0.0))
+    assert no_reuse.colocated(n).completion_s >= reuse.colocated(n).completion_s * (1 - RTOL)
+    assert no_reuse.best_disaggregated(total).completion_s >= reuse.best_disaggregated(total).completion_s * (1 - RTOL)
