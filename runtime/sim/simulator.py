@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -107,14 +108,17 @@ class Simulator:
         warm_start: bool = True,
         progress: Callable[[float], None] | None = None,
         memory_utilization: float = 0.9,
+        rollout_only: bool = False,
     ) -> None:
         spec = models.spec
         self.m, self.spec, self.policy = models, spec, policy
         self.horizon = hours * 3600.0
         self.seed = spec.seed if seed is None else seed
         self.rng = np.random.default_rng(self.seed)
+        self.prng = random.Random(self.seed)  # router draws: stdlib is ~20x cheaper per draw than numpy
         self.sampler = TrajectorySampler(spec.workload, self.rng)
         self.sample_s, self.warm, self.progress = sample_s, warm_start, progress
+        self.rollout_only = rollout_only  # replays of rollout batches: training and sync take no time
         self.costs = models.costs
         self.tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
         self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization) for r in ROLES}  # type: ignore[arg-type]
@@ -202,7 +206,7 @@ class Simulator:
                     else:
                         self._prefilled(self.trajs[o.rid])
             elif kind == E_ENV:
-                self._dispatch(self.trajs[a])
+                self._env_done(self.trajs[a])
             elif kind == E_KV:
                 self._kv_arrived(self.trajs[a], b)
             elif kind == E_READY:
@@ -255,8 +259,8 @@ class Simulator:
         if len(ids) == 1:
             best = self.instances[ids[0]]
         else:
-            i, j = self.rng.integers(0, len(ids), 2)
-            x, y = self.instances[ids[i]], self.instances[ids[j]]
+            n = len(ids)
+            x, y = self.instances[ids[self.prng.randrange(n)]], self.instances[ids[self.prng.randrange(n)]]
             best = x if x.engine.load() <= y.engine.load() else y  # type: ignore[union-attr]
         if home is not None:
             h = self.instances.get(home[0])
@@ -331,11 +335,14 @@ class Simulator:
         tr.ctx += p.new_tokens[k] + p.response_tokens[k]
         tr.g = 0
         tr.turn += 1
-        if tr.turn < p.turns:
-            tr.where, tr.inst = "env", -1
-            self._push(self.now + p.env_s[k], E_ENV, tr.tid)
+        tr.where, tr.inst = "env", -1
+        self._push(self.now + p.env_s[k], E_ENV, tr.tid)
+
+    def _env_done(self, tr: Traj) -> None:
+        if tr.turn < tr.plan.turns:
+            self._dispatch(tr)
             return
-        tr.where, tr.inst = "done", -1
+        tr.where = "done"
         self.r.finished += 1
         b = self.batches[tr.batch]
         b.done += 1
@@ -572,7 +579,7 @@ class Simulator:
         b = self.batches[self.next_step]
         self.phase = "training"
         self.r.train_wait_s.append(round(self.now - b.done_at, 3))  # type: ignore[operator]
-        dt = training_step_s(self.spec.model, self.train_gpu, self.train_gpus, b.tokens, self.spec.training.mfu, self.spec.training.optimizer_overhead_s)
+        dt = 0.0 if self.rollout_only else training_step_s(self.spec.model, self.train_gpu, self.train_gpus, b.tokens, self.spec.training.mfu, self.spec.training.optimizer_overhead_s)
         self.r.train_busy_s += dt
         self.r.train_times_s.append(round(dt, 3))
         self._push(self.now + dt, E_TRAIN_DONE)
@@ -580,7 +587,7 @@ class Simulator:
 
     def _train_done(self) -> None:
         self.phase = "syncing"
-        sync = self.costs.weight_load_peer_s
+        sync = 0.0 if self.rollout_only else self.costs.weight_load_peer_s
         for inst in list(self.instances.values()):
             if inst.engine is not None:
                 inst.engine.stall(self.now, sync)

@@ -15,7 +15,7 @@ class TrajectoryPlan:
 
     new_tokens: tuple[int, ...]  # turn 0: the initial prompt
     response_tokens: tuple[int, ...]
-    env_s: tuple[float, ...]  # wait after each turn except the last
+    env_s: tuple[float, ...]  # environment time after each turn (after the last: the reward, e.g. the tests run)
 
     @property
     def turns(self) -> int:
@@ -47,7 +47,7 @@ class TrajectorySampler:
             nt = new[at : at + k].tolist()
             nt[0] = int(first[i])
             rt = resp[at : at + k].tolist()
-            ev = env[at : at + k - 1].tolist()
+            ev = env[at : at + k].tolist()
             at += k
             ctx, keep = 0, 0
             for j in range(k):
@@ -55,5 +55,5 @@ class TrajectorySampler:
                     break
                 ctx += nt[j] + rt[j]
                 keep = j + 1
-            plans.append(TrajectoryPlan(tuple(nt[:keep]), tuple(rt[:keep]), tuple(ev[: keep - 1])))
+            plans.append(TrajectoryPlan(tuple(nt[:keep]), tuple(rt[:keep]), tuple(ev[:keep])))
         return plans
