@@ -196,6 +196,23 @@ class RolloutPredictor:
         t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
         return t.sum(axis=1), c.mean(axis=1)
 
+    def colocated_engine_use(self, n: int) -> tuple[float, float]:
+        """(share of engine busy time spent on prefill, decode tokens/s per instance between prefills).
+
+        Diagnostics comparable to what an engine trace reports; not used for decisions.
+        """
+        eng = self.colocated_engine
+        s = self.shape
+        nn = np.array([float(n)])[:, None]
+        m = np.maximum(s.active[None, :] / nn, 1.0)
+        p_busy = eng.prefill_time(m * s.new_tokens, m, m * s.prefix_tokens)
+        fixed = s.env_s + self._single_prefill(eng)[None, :]
+        _, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
+        decode_busy = m * s.response_tokens * self._tau(eng, np.maximum(c, 1.0)) / np.maximum(c, 1.0)
+        share = float(p_busy.sum() / (p_busy.sum() + decode_busy.sum()))
+        rate = float((m * s.response_tokens).sum() / decode_busy.sum())
+        return share, rate
+
     def decode_path_many(self, n_d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         eng = self.decode_engine
         s = self.shape
