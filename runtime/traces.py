@@ -195,7 +195,7 @@ def read_delta_csv(path: Path, initial: int | None) -> RawTrace:
     start = initial if initial is not None else (0 if sign > 0 else int(-d.sum()))
     counts = np.maximum(start + np.cumsum(d), 0.0)
     t = np.asarray(times)[order]
-    return RawTrace(np.concatenate([[0.0], t - t[0]]), np.concatenate([[float(start)], counts]), float(t[-1] - t[0] + 60.0))
+    return RawTrace(t - t[0], counts, float(t[-1] - t[0] + 60.0))  # the trace starts at its first change
 
 
 def read_events_csv(path: Path) -> RawTrace:
