@@ -180,7 +180,11 @@ class RolloutPredictor:
         c = np.minimum(m, cap)
         for _ in range(FIXED_POINT_ITERS):
             _, implied = self._turn_given_c(engine, c, m, prefill_busy, fixed_path, interfere)
-            c = np.minimum(np.minimum(implied, cap), c)
+            c_next = np.minimum(np.minimum(implied, cap), c)
+            if not np.any(c - c_next > 1e-9 * c + 1e-12):  # c_next <= c: converged from above
+                c = c_next
+                break
+            c = c_next
         t, _ = self._turn_given_c(engine, c, m, prefill_busy, fixed_path, interfere)
         t = np.where(cap < 1.0, np.inf, t)
         return t, c
