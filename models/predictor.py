@@ -2,9 +2,10 @@
 
 The batch is viewed turn by turn along its slowest trajectory (the one with the most
 turns; the batch finishes when it does). At turn k, B_k trajectories are still running
-(the long tail: B_k shrinks as short trajectories finish). Each turn a trajectory
-prefills only its new tokens (earlier turns are a prefix-cache hit), decodes r tokens,
-then waits on the environment, holding no decode slot.
+(the long tail: B_k shrinks as short trajectories finish; none outlives the token
+budget max_trajectory_tokens). Each turn a trajectory prefills its new tokens plus the
+part of its earlier context that misses the prefix cache (workload prefix_cache_hit),
+decodes r tokens, then waits on the environment, holding no decode slot.
 
 Decode concurrency is not B/N: by Little's law only the fraction of trajectories that
 are decoding (rather than waiting on tools or prefill) sits in the batch, and that
@@ -17,6 +18,8 @@ with m trajectories per instance, tau(c) the decode step time at concurrency c,
 phi = P / T the share of engine time spent prefilling (0 on decode-only instances; in
 colocation prefills stall decodes: work-conserving), busy = P + m r tau(c) / c the
 engine's work per turn. Concurrency is capped by the KV cache that fits in memory.
+For a given c, T has a closed form (a quadratic in T); c itself is iterated down from
+min(m, cap) to the largest fixed point, the one continuous batching settles at.
 
 Disaggregation is split into two separable paths so that the planner's integer program
 stays exact and linear (completion = max of the two, like the paper's Eq. 2-3):
