@@ -290,13 +290,15 @@ class ElasticEventSpec(Frozen):
 
     at_s: NonNegFloat
     available: Annotated[int, Field(ge=0)]
+    after_step: Annotated[int, Field(ge=0)] | None = Field(None, description="count at_s from the start of this rollout batch instead of from the run's start")
 
 
 class LoadChangeSpec(Frozen):
     """From rollout batch `at_step` on, these workload fields change (a load change the planner reacts to)."""
 
     at_step: Annotated[int, Field(ge=0)]
-    workload: dict[str, Any]
+    workload: dict[str, Any] = Field(default_factory=dict)
+    policy: str | None = Field(None, description="switch the planner policy from this batch on (e.g. an ablation)")
 
 
 class RuntimeSpec(Frozen):

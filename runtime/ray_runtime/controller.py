@@ -175,6 +175,9 @@ class Controller:
         self.inputs: Any = None
         self.policy: Any = None
         self._bg: set[asyncio.Task] = set()
+        self.batch_started: dict[int, float] = {}
+        self.current_batch = -1
+        self.trajectories: list[Trajectory] = []
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -554,6 +557,8 @@ class Controller:
         n = self.batch_size
         trajs = [Trajectory(f"b{b}-{i}", b, i // g, self.spec.seed * 100003 + b * 1009 + i // g) for i in range(n)]
         t0 = time.monotonic()
+        self.batch_started[b] = t0
+        self.current_batch = b
         remaining = [n]
 
         async def one(t: Trajectory) -> Trajectory | None:
@@ -565,6 +570,7 @@ class Controller:
 
         done = await asyncio.gather(*(one(t) for t in trajs), return_exceptions=True)
         ok = [t for t in done if isinstance(t, Trajectory) and t.reward is not None]
+        self.trajectories.extend(ok)
         errors = [e for e in done if isinstance(e, BaseException)]
         self.lost += n - len(ok)
         for e in errors:
@@ -587,7 +593,13 @@ class Controller:
     def _apply_load_change(self, b: int) -> bool:
         changed = False
         for ch in self.rt.load_changes:
-            if ch.at_step == b:
+            if ch.at_step == b and ch.policy:
+                from planner.policies import get_policy
+
+                self.policy = get_policy(ch.policy)
+                self.metrics.write("policy_change", step=b, policy=ch.policy)
+                self.log(f"policy change at step {b}: {ch.policy}")
+            if ch.at_step == b and ch.workload:
                 w = self.spec.workload.model_validate({**self.spec.workload.model_dump(), **ch.workload})
                 self.spec = self.spec.model_copy(update={"workload": w})
                 assert self.tracker is not None
@@ -607,7 +619,12 @@ class Controller:
 
     async def _elastic_loop(self, schedule: tuple[AvailabilityChange, ...]) -> None:
         for ch in schedule:
-            delay = ch.at_s - (time.monotonic() - self.t0)
+            origin = self.t0
+            if ch.after_step is not None:
+                while ch.after_step not in self.batch_started:
+                    await asyncio.sleep(0.05)
+                origin = self.batch_started[ch.after_step]
+            delay = ch.at_s - (time.monotonic() - origin)
             if delay > 0:
                 await asyncio.sleep(delay)
             if ch.available == self.elastic_available:
@@ -634,6 +651,24 @@ class Controller:
         self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=sum(isinstance(x, BaseException) for x in res))
         del ray
 
+    async def probe_kv_handoff(self, tokens: int = 200) -> dict[str, int]:
+        """Prefill a never-seen prompt on a prefill worker, decode it on a decode worker.
+
+        The decode engine cannot have this prompt in its own prefix cache, so cached tokens
+        on its side can only be KV handed over by the connector from the prefill engine.
+        """
+        p, d = self._pick("prefill", None), self._pick("decode", None)
+        if p is None or d is None:
+            return {"prefill_workers": int(p is not None), "decode_workers": int(d is not None), "decode_cached_tokens": 0}
+        rng = np.random.default_rng(int(time.time_ns() % 2**32))
+        ids = tuple(int(x) for x in rng.integers(10, 1000, tokens))
+        rid = f"probe-{uuid.uuid4().hex[:8]}"
+        pre = await self._call(p, GenRequest(rid + "-p", ids, 1, "prefill", 0.0))
+        res = await self._call(d, GenRequest(rid + "-d", ids, 4, "decode", 0.0, kv_params=pre.kv_params if pre else None))
+        out = {"prompt_tokens": tokens, "decode_cached_tokens": int(res.cached_tokens) if res else 0, "decode_generated": len(res.token_ids) if res else 0}
+        self.metrics.write("kv_probe", prefill=p.worker_id, decode=d.worker_id, **out)
+        return out
+
     async def worker_versions(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rec.values():
@@ -648,13 +683,16 @@ class Controller:
     async def run(self, steps: int) -> RunSummary:
         await self.setup()
         self.t0 = time.monotonic()
+        schedule = elastic_schedule(self.spec, self.elastic_total) if self.elastic_total else ()
+        if schedule and schedule[0].at_s == 0 and schedule[0].after_step is None:
+            self.elastic_available = schedule[0].available
         await self.decide("initial")
         if not any(r.status == "active" for r in self.rec.values()):
             raise RuntimeStartError(f"no rollout worker could start: {getattr(self, 'start_error', 'the initial plan started none')}")
         staleness = self.spec.training.staleness
         queue: asyncio.Queue = asyncio.Queue()
         version_event = asyncio.Event()
-        elastic = asyncio.ensure_future(self._elastic_loop(elastic_schedule(self.spec, self.elastic_total))) if self.elastic_total else None
+        elastic = asyncio.ensure_future(self._elastic_loop(schedule)) if schedule else None
 
         async def rollout_loop() -> None:
             for b in range(steps):
@@ -701,6 +739,10 @@ class Controller:
 
         try:
             await asyncio.gather(rollout_loop(), train_loop())
+            if elastic is not None and self.lock.locked():
+                await asyncio.wait([elastic], timeout=300)  # an expansion in flight: let it admit or cancel
+            if self._bg:
+                await asyncio.wait(list(self._bg), timeout=300)
         finally:
             if elastic is not None:
                 elastic.cancel()

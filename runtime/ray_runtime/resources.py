@@ -31,8 +31,9 @@ class Slot:
 
 @dataclass(frozen=True)
 class AvailabilityChange:
-    at_s: float  # wall seconds after the run starts
+    at_s: float  # wall seconds after the run starts (or after batch `after_step` starts)
     available: int  # elastic GPUs that exist from then on
+    after_step: int | None = None
 
 
 def resource_name(index: int) -> str:
@@ -61,7 +62,7 @@ def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, 
     """
     rt = spec.runtime
     if rt.elastic_events:
-        return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus)) for e in sorted(rt.elastic_events, key=lambda e: e.at_s))
+        return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus), e.after_step) for e in rt.elastic_events)
     if spec.trace is None or elastic_gpus == 0:
         return (AvailabilityChange(0.0, elastic_gpus),)
     from runtime import traces  # the real trace readers (Bamboo, SkyPilot)
