@@ -104,9 +104,10 @@ def linear_model(p: PlanningProblem) -> LinearModel:
     lm.cost(T, 1)
     for r in range(3):
         n_max = sum(lm.ub[v] for v, _ in role_vars[r])
+        k_max = p.max_instances(r)
         ys = []
         for k, t in p.entries[r]:
-            if k > p.max_instances(r):
+            if k > k_max:
                 continue
             ys.append((lm.var(f"y[{r},{k}]", 0, 1), k, t))
         lm.row([(y, 1) for y, _, _ in ys], 1, 1)

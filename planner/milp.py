@@ -130,17 +130,49 @@ def prune_table(seconds: np.ndarray, k_max: int) -> tuple[tuple[int, int], ...]:
     An entry that is no faster than one with fewer instances is dominated: the solver may
     always idle the extra instances, so it never needs to select it.
     """
-    out: list[tuple[int, int]] = [(0, 0)]
-    best = math.inf
-    for k in range(1, min(k_max, seconds.shape[0] - 1) + 1):
-        t = float(seconds[k])
-        if not math.isfinite(t):
-            continue
-        tm = _ms(t)
-        if tm < best:
-            best = tm
-            out.append((k, tm))
-    return tuple(out)
+    key = id(seconds)
+    full = _PRUNED.get(key)
+    if full is None or full[0] is not seconds:
+        out: list[tuple[int, int]] = [(0, 0)]
+        best = math.inf
+        for k in range(1, seconds.shape[0]):
+            t = float(seconds[k])
+            if not math.isfinite(t):
+                continue
+            tm = _ms(t)
+            if tm < best:
+                best = tm
+                out.append((k, tm))
+        full = (seconds, tuple(out))
+        if len(_PRUNED) > 64:
+            _PRUNED.clear()
+        _PRUNED[key] = full
+    return tuple(e for e in full[1] if e[0] <= k_max)
+
+
+# pruned tables are a pure function of the table array: memoised (the array is kept alive
+# in the value, so an id is never reused while its entry exists)
+_PRUNED: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
+
+
+def _prune_against_partner(pre: tuple[tuple[int, int], ...], dec: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """Disaggregated completion is max(prefill, decode) >= the partner's best time, so among a
+    role's entries at or below that floor only the one with the fewest instances can be chosen
+    by an optimum (more instances cost more and cannot lower the max). Exact."""
+
+    def cut(own: tuple[tuple[int, int], ...], floor: int | None) -> tuple[tuple[int, int], ...]:
+        if floor is None:
+            return own
+        out = [own[0]]
+        for k, t in own[1:]:
+            out.append((k, t))
+            if t <= floor:
+                break
+        return tuple(out)
+
+    best_p = min((t for k, t in pre if k > 0), default=None)
+    best_d = min((t for k, t in dec if k > 0), default=None)
+    return cut(pre, best_d), cut(dec, best_p)
 
 
 def _completion_floor(entries: tuple[tuple[tuple[int, int], ...], ...]) -> int:
@@ -212,6 +244,7 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
         groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, kv, start, stop, switch))  # type: ignore[arg-type]
     probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, 0, usable)
     entries = tuple(prune_table(inputs.table(r).seconds, probe.max_instances(i)) for i, r in enumerate(ROLES))
+    entries = (entries[0], *_prune_against_partner(entries[1], entries[2]))
     # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
     # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions
     floor = _completion_floor(entries)
@@ -305,6 +338,8 @@ def split_to_nodes(problem: PlanningProblem, g: GroupData, x: tuple[int, int, in
     same node), then new instances go, largest TP first, where there is room.
     """
     tp = problem.tp
+    if all(x[r] == g.total_cur(r) for r in range(3)):  # unchanged class: every node keeps its instances
+        return [(node, g.cur) for node in g.nodes]
     per = [list(g.cur) for _ in g.nodes]
     for r in range(3):
         extra = g.total_cur(r) - x[r]

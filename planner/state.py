@@ -81,6 +81,7 @@ class ClusterState:
     weight_version: int = 0  # the newest policy weights rollout should serve
     unfinished_fraction: float = 1.0  # R/B: share of the current batch still running (Eq. 7)
     _gpu_index: dict[str, GPU] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # derived views, never state
 
     def __post_init__(self) -> None:
         index: dict[str, GPU] = {}
@@ -91,6 +92,7 @@ class ClusterState:
                 raise StateError(f"GPU {g.id} is marked borrowed but is in pool {g.pool!r}; only training GPUs are lent")
             index[g.id] = g
         object.__setattr__(self, "_gpu_index", index)
+        object.__setattr__(self, "_cache", {})  # dataclasses.replace must not carry views of the old state
         if not 0.0 <= self.unfinished_fraction <= 1.0:
             raise StateError(f"unfinished_fraction {self.unfinished_fraction} is outside [0, 1]")
         owner: dict[str, str] = {}
@@ -122,21 +124,28 @@ class ClusterState:
         return self._gpu_index[gpu_id]
 
     def owner_of(self) -> dict[str, str]:
-        return {gid: w.id for w in self.workers for gid in w.gpus}
+        cached = self._cache.get("owner")
+        if cached is None:
+            cached = self._cache["owner"] = {gid: w.id for w in self.workers for gid in w.gpus}
+        return dict(cached)
 
     def group_key_of(self, worker: Worker) -> tuple[str, str, str]:
         g = self.gpu(worker.gpus[0])
         return (g.node, g.pool, g.type)
 
     def groups(self) -> tuple[GPUGroup, ...]:
-        """GPUs folded into interchangeable groups, in a stable order."""
-        members: dict[tuple[str, str, str], list[GPU]] = {}
-        for g in self.gpus:
-            members.setdefault((g.node, g.pool, g.type), []).append(g)
-        return tuple(
-            GPUGroup(node, pool, typ, tuple(g.id for g in gs), sum(g.usable for g in gs))  # type: ignore[arg-type]
-            for (node, pool, typ), gs in sorted(members.items())
-        )
+        """GPUs folded into interchangeable groups, in a stable order (computed once per state)."""
+        cached = self._cache.get("groups")
+        if cached is None:
+            members: dict[tuple[str, str, str], list[GPU]] = {}
+            for g in self.gpus:
+                members.setdefault((g.node, g.pool, g.type), []).append(g)
+            cached = tuple(
+                GPUGroup(node, pool, typ, tuple(g.id for g in gs), sum(g.usable for g in gs))  # type: ignore[arg-type]
+                for (node, pool, typ), gs in sorted(members.items())
+            )
+            self._cache["groups"] = cached
+        return cached
 
     def usable_count(self, pool: PoolName | None = None) -> int:
         return sum(g.usable for g in self.gpus if pool is None or g.pool == pool)
