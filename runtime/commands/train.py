@@ -1,0 +1,80 @@
+"""`pearl train`: online solver-in-the-loop agentic RL on Ray (real vLLM or emulated engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any, Optional
+
+import typer
+
+from runtime.cli import app, user_errors
+
+
+def _has_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@app.command()
+@user_errors
+def train(
+    config: str = typer.Option(..., "--config", help="experiment YAML (configs/experiments/train-*.yaml)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="vllm | emulated (default: the config's runtime.backend)"),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="training steps (default: runtime.steps)"),
+    address: Optional[str] = typer.Option(None, "--address", help="connect to an existing Ray cluster instead of starting one"),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="JSONL metrics file (default: runtime.metrics_path)"),
+    as_json: bool = typer.Option(False, "--json", help="print the run summary as one JSON object on stdout"),
+) -> None:
+    """Train with the planner in the loop; a progress bar per training step; metrics streamed to JSONL."""
+    from models.config import ConfigError, load_experiment
+
+    for k, v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}.items():
+        os.environ.setdefault(k, v)
+    spec = load_experiment(config)
+    chosen = backend or spec.runtime.backend
+    if chosen not in ("vllm", "emulated"):
+        raise ConfigError("--backend", "backend", chosen, "vllm or emulated")
+    if chosen == "vllm" and not _has_vllm():
+        raise ConfigError("--backend", "backend", chosen, "emulated (vLLM is not installed here)")
+    n = steps or spec.runtime.steps
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runtime.ray_runtime.controller import Controller, RuntimeStartError
+    from runtime.ray_runtime.engines import EngineStartError
+
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
+    task = progress.add_task("train", total=n, info="starting Ray and engines...")
+
+    def on_step(row: dict[str, Any]) -> None:
+        info = f"step {row['step']} v{row['weight_version']} reward {row['mean_reward']:.3f} {row['tok_per_s']:.0f} tok/s {row['mode']} {row['ratio']}"
+        progress.update(task, advance=1, info=info)
+
+    ctl = Controller(spec, backend=chosen, address=address, metrics_path=metrics, on_step=on_step, log=lambda m: progress.console.print(f"[dim]{m}[/dim]"))
+
+    async def main() -> Any:
+        try:
+            return await ctl.run(n)
+        finally:
+            await ctl.shutdown()
+
+    try:
+        with progress:
+            summary = asyncio.run(main())
+    except (RuntimeStartError, EngineStartError) as exc:
+        print(f"pearl: error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    console.print(f"metrics: {ctl.metrics.path}")
+    if as_json:
+        print(json.dumps(summary.to_json()))
+    else:
+        s = summary.to_json()
+        console.print(" ".join(f"{k}={v}" for k, v in s.items()))
