@@ -45,13 +45,17 @@ from dataclasses import replace  # noqa: E402
 import numpy as np  # noqa: E402
 
 from planner.decision import SolverProof  # noqa: E402
-from planner.milp import Options, PlanningProblem, borrow_window_open, evaluate  # noqa: E402
+from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate  # noqa: E402
 from planner.solve import decision_from, solve_step  # noqa: E402
 from planner.transition import build_plan  # noqa: E402
 
 
 class PlanningError(RuntimeError):
-    """No configuration is feasible; the message names the constraint family."""
+    """No configuration found; the message names the constraint family (or the time limit)."""
+
+    def __init__(self, message: str, status: str = "infeasible") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _current_x(problem: PlanningProblem) -> tuple[tuple[int, int, int], ...]:
@@ -62,7 +66,7 @@ def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, o
     problem, sol, decision = solve_step(state, inputs, now_s, options, backend)
     if decision is None:
         fam = sol.infeasible_family or sol.status
-        raise PlanningError(f"no feasible rollout configuration ({sol.status}; constraint family: {fam})")
+        raise PlanningError(f"no feasible rollout configuration ({sol.status}; constraint family: {fam})", sol.status)
     return problem, sol, decision
 
 
@@ -124,9 +128,25 @@ class PearlPolicy:
         # the exact static split does not fit this availability: keep the mode, free the counts
         return _solve_or_raise(state, inputs, now_s, replace(opts, fixed_pd=None), self.backend)
 
+    def _keep_on_timeout(self, state: ClusterState, inputs: PlanningInputs, now_s: float, exc: PlanningError) -> Step:
+        """The time limit passed with no solution at all: keep the current configuration if it is feasible."""
+        problem = build_problem(state, inputs, now_s, self._options(state, inputs, borrow=False))
+        x_cur = _current_x(problem)
+        obj = evaluate(problem, x_cur)
+        if obj is None:
+            raise exc
+        proof = SolverProof("no_solution", float(obj), float("-inf"), float("inf"), 0.0, self.backend or inputs.solver.backend)
+        keep = replace(decision_from(problem, x_cur, proof), applied=False, reason="solver time limit without a solution: kept the current configuration")
+        return Step(keep, build_plan(state, keep, inputs, now_s))
+
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
-        problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
+        try:
+            problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
+        except PlanningError as exc:
+            if exc.status != "no_solution":
+                raise
+            return self._keep_on_timeout(state, inputs, now_s, exc)
         extras: dict = {"event": event}
         if can_borrow:
             p_b, s_b, cand_b = self._solve(state, inputs, now_s, borrow=True)
