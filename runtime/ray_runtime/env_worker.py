@@ -4,9 +4,10 @@ The task ("calculator"): compute `a op b op c`. Each turn the policy answers; if
 contains a tool call `calc(x op y)` the environment evaluates it and returns the result,
 otherwise it returns the tool's usage. Tool calls take real time, drawn from the workload's
 environment-latency distribution (asyncio sleeps, so one actor serves many trajectories at
-once). After the last turn the reward is checked against the true value:
-  1.0 for the exact answer, else 0.5 * (share of the answer's digits the final response
-  contains, as a multiset) + 0.1 if the policy issued a well-formed tool call.
+once). After the last turn the reward is checked against the true value, taking the last
+integer of the final response as the answer: 1.0 if exact, else 0.5 x (digits shared with
+the true answer, as multisets, over the longer of the two) + 0.1 if the policy issued a
+well-formed tool call.
 The graded part keeps group-relative advantages informative for a policy that is not yet
 any good (the tiny random model), and it is still a deterministic function of the text.
 
@@ -40,14 +41,17 @@ class _Episode:
 
 
 def score(answer: int, final_text: str, tool_calls: int) -> float:
-    """The verifiable reward (see module docstring)."""
+    """The verifiable reward (see module docstring): the answer is the last integer of the final turn."""
     numbers = [int(n) for n in NUMBER.findall(final_text)]
-    if answer in numbers:
+    bonus = 0.1 if tool_calls else 0.0
+    if not numbers:
+        return bonus
+    given = numbers[-1]
+    if given == answer:
         return 1.0
-    want = Counter(str(abs(answer)))
-    have = Counter(ch for ch in final_text if ch.isdigit())
-    overlap = sum(min(c, have[d]) for d, c in want.items()) / max(sum(want.values()), 1)
-    return 0.5 * overlap + (0.1 if tool_calls else 0.0)
+    want, have = Counter(str(abs(answer))), Counter(str(abs(given)))
+    overlap = sum(min(c, have[d]) for d, c in want.items()) / max(sum(want.values()), sum(have.values()))
+    return 0.5 * overlap + bonus
 
 
 def evaluate_call(text: str) -> int | None:

@@ -110,7 +110,7 @@ class Trainer:
             clip = torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * float(a)
             loss = -torch.minimum(unclipped, clip).sum() / max(n_tokens, 1)
             loss.backward()
-            total_loss += float(loss)
+            total_loss += float(loss.detach())
             ratios.append(ratio.detach())
             clipped += int(((ratio - 1).abs() > self.clip).sum())
         if fresh:

@@ -26,4 +26,4 @@ class WeightSyncExtension:
     def pearl_weights_checksum(self) -> float:
         """Sum of all parameters: lets tests prove the engine now holds the trainer's weights."""
         model = self.model_runner.model  # type: ignore[attr-defined]
-        return float(sum(float(p.double().sum()) for p in model.parameters()))
+        return float(sum(float(p.detach().double().sum()) for p in model.parameters()))

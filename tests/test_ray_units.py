@@ -1,0 +1,96 @@
+"""Unit checks of the Ray runtime's parts that need no Ray: task reward, GRPO, trainer, emulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.ray_runtime.env_worker import evaluate_call, score
+from runtime.ray_runtime.trainer import TrainSample, Trainer, group_advantages
+
+TINY = Path(__file__).resolve().parent.parent / "artifacts" / "models" / "tiny"
+
+
+def test_reward_is_verifiable_and_graded():
+    assert score(42, "so the answer 42", 0) == 1.0
+    assert score(42, "answer 42 then 7", 0) < 1.0  # the last integer is the answer
+    assert score(42, "answer 24", 0) == 0.5  # same digits, wrong order: partial
+    assert score(42, "answer 24", 1) == pytest.approx(0.6)  # + tool-use bonus
+    assert score(42, "no number", 0) == 0.0
+    assert score(-12, "answer -12", 0) == 1.0
+
+
+def test_calculator_tool_parses_one_operation():
+    assert evaluate_call("let me calc(12 * 7) now") == 84
+    assert evaluate_call("calc( 5 - 9 )") == -4
+    assert evaluate_call("calc(1/2)") is None
+
+
+def test_group_advantages_are_standardised_per_group():
+    r = np.array([1.0, 0.0, 0.5, 0.5, 0.2, 0.8])
+    g = np.array([0, 0, 1, 1, 2, 2])
+    a = group_advantages(r, g)
+    assert a[2] == a[3] == 0.0  # a group that agrees teaches nothing
+    for k in (0, 2):
+        idx = g == k
+        assert abs(a[idx].mean()) < 1e-9 and abs(a[idx].std() - 1.0) < 1e-3
+    assert a[0] > 0 > a[1]
+
+
+def _sample(trainer: Trainer, ids: list[int], n_prompt: int, group: int, reward: float, version: int) -> TrainSample:
+    import torch
+
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    mask = [0] * n_prompt + [1] * (len(ids) - n_prompt)
+    return TrainSample(f"t{group}-{reward}", group, tuple(ids), tuple(mask), tuple(lp[n_prompt - 1 :].tolist()), reward, version)
+
+
+def test_trainer_updates_weights_with_on_policy_ratio_one_and_drops_stale():
+    import safetensors.torch
+
+    tr = Trainer(str(TINY), lr=1e-2, staleness=1)
+    before = safetensors.torch.load(tr.weights())
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(4):
+        ids = [int(x) for x in rng.integers(10, 1000, 40)]
+        samples.append(_sample(tr, ids, 24, group=0, reward=float(i % 2), version=0))
+    stale = _sample(tr, [int(x) for x in rng.integers(10, 1000, 40)], 24, group=1, reward=1.0, version=-5)
+    metrics, blob = tr.train_step(samples + [stale], rollout_version=0)
+    assert metrics["version"] == 1.0 and tr.get_version() == 1
+    assert metrics["dropped_stale"] == 1.0 and metrics["samples"] == 4.0
+    assert abs(metrics["ratio_mean"] - 1.0) < 1e-4  # behaviour = current policy: no correction
+    after = safetensors.torch.load(blob)
+    assert set(after) == set(before)
+    assert any(float((after[k] - before[k]).abs().max()) > 0 for k in before)
+
+
+def test_emulated_engine_generates_keeps_prefix_on_abort_and_reuses_cache():
+    from models.builder import build_models
+    from models.config import load_experiment
+    from runtime.ray_runtime.engines import EmulatedEngine, GenRequest
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-emulated-32.yaml")
+    step_model = build_models(spec).predictor.colocated_engine
+
+    async def main():
+        e = EmulatedEngine(step_model, "colocated", vocab=1000, time_scale=1.0)
+        await e.start()
+        prompt = tuple(range(10, 300))
+        first = await e.generate(GenRequest("a", prompt, 20, "full"))
+        assert len(first.token_ids) == 20 and first.finish_reason == "length" and first.cached_tokens == 0
+        second = await e.generate(GenRequest("b", prompt + first.token_ids + (5, 6, 7), 10, "full"))
+        assert second.cached_tokens >= 256  # earlier turn's context is a prefix-cache hit
+        long = asyncio.ensure_future(e.generate(GenRequest("c", tuple(range(500, 900)), 100000, "full")))
+        await asyncio.sleep(0.3)
+        await e.abort("c")
+        res = await long
+        assert res.finish_reason == "abort" and 0 < len(res.token_ids) < 100000
+        await e.shutdown()
+
+    asyncio.run(main())
