@@ -40,6 +40,8 @@ def main() -> None:
         "config": Path(args.config).name, "policy": args.policy, "gpus": gpus, "simulated_hours": args.hours,
         "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": r.events, "events_per_s": round(r.events / wall, 0),
         "target_wall_s": 60.0, "meets_target": wall <= 60.0, "decisions": r.decisions,
+        "policy_wall_s": round(r.policy_wall_s, 2), "simulator_wall_s": round(wall - r.policy_wall_s, 2),
+        "simulator_events_per_s": round(r.events / max(wall - r.policy_wall_s, 1e-9), 0), "policy_failures": r.policy_failures,
         "trajectories": r.finished, "steps": r.steps, "tokens_per_s": round(r.tokens_per_s, 1),
         "lost_trajectories": r.lost_trajectories, "late_returns": r.late_returns,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",

@@ -23,6 +23,7 @@ class SimResult:
     steps: int = 0
     train_busy_s: float = 0.0
     decisions: int = 0
+    policy_failures: int = 0  # the policy could not decide (solver limit): the layout was kept
     mode_switches: int = 0
     role_switches: int = 0
     starts: int = 0
@@ -34,6 +35,7 @@ class SimResult:
     trainer_wait_s: float = 0.0
     admission_pause_s: float = 0.0
     wall_s: float = 0.0
+    policy_wall_s: float = 0.0  # wall time spent inside the policy (solver), part of wall_s
     batch_times_s: list = field(default_factory=list)
     train_times_s: list = field(default_factory=list)
     train_wait_s: list = field(default_factory=list)
@@ -101,6 +103,8 @@ class SimResult:
             "resumed_requests": self.resumed,
             "admission_pause_s": round(self.admission_pause_s, 1),
             "decisions": self.decisions,
+            "policy_failures": self.policy_failures,
+            "policy_wall_s": round(self.policy_wall_s, 2),
             "events": self.events,
             "hours": self.hours,
             "seed": self.seed,

@@ -45,6 +45,7 @@ class PlannerPolicy:
     _policy: object = field(init=False, repr=False)
     _inputs: object = field(init=False, repr=False)
     _pred: dict = field(default_factory=dict, repr=False)
+    failures: int = 0  # decisions the planner could not make (kept the current layout)
 
     def __post_init__(self) -> None:
         from planner.inputs import planning_inputs
@@ -94,8 +95,16 @@ class PlannerPolicy:
         return ClusterState(tuple(gpus), tuple(workers), trainer, snap.version, r_frac)
 
     def decide(self, snap: Snapshot) -> PolicyStep:
+        from planner.policies import PlanningError
+
         state = self.state(snap)
-        step = self._policy.decide(state, self._inputs, snap.now, EVENT_NAMES.get(snap.event, snap.event))  # type: ignore[attr-defined]
+        try:
+            step = self._policy.decide(state, self._inputs, snap.now, EVENT_NAMES.get(snap.event, snap.event))  # type: ignore[attr-defined]
+        except PlanningError as exc:
+            # no decision this time (e.g. the solver's time limit ran out): keep the current layout
+            self.failures += 1
+            mode = "disaggregated" if any(i.role != "colocated" for i in snap.instances) else "colocated"
+            return PolicyStep((), mode, {"error": str(exc)})
         changes: list[Change] = []
         for a in step.plan.actions:
             if a.kind == "start":

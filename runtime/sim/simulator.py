@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -350,8 +351,10 @@ class Simulator:
             b.done_at = self.now
             self.batch_durations.append(self.now - b.launched_at)
             self.r.batch_times_s.append(round(self.now - b.launched_at, 3))
-            self._consult("batch")
+            before = self.phase
             self._maybe_train()
+            if self.phase == before:  # the trainer does not start on it now: a batch-boundary decision
+                self._consult("batch")
 
     def _evict(self, inst: Instance) -> list[int]:
         """Take every request off the instance; return the trajectories to resume."""
@@ -491,8 +494,12 @@ class Simulator:
 
     def _consult(self, event: str) -> None:
         snap = self._snapshot(event)
+        t0 = time.perf_counter()
         step: PolicyStep = self.policy.decide(snap)
+        self.r.policy_wall_s += time.perf_counter() - t0
         self.r.decisions += 1
+        if "error" in step.info:
+            self.r.policy_failures += 1
         if step.mode != self.mode and step.changes:
             self.r.mode_switches += 1
         if step.changes:
