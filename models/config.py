@@ -255,7 +255,7 @@ class CostWeights(Frozen):
 
 
 class SolverSpec(Frozen):
-    backend: Literal["cpsat", "highs", "cbc", "scip", "pulp"] = "cpsat"
+    backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] = "cpsat"
     time_limit_s: PositiveFloat = 1.0
     workers: PositiveInt = 8
 

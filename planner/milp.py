@@ -22,7 +22,7 @@ Constraints (families, named when infeasible):
   mode            y[C,0] = m, y[P,0] = y[D,0] = 1 - m; N_r >= sum_k k y[r,k]; N_C <= M(1-m) ...
   policy          fixed mode / fixed P:D counts / allowed pools (baselines, ablations)
 Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant
-  (start/stop/switch priced as seconds of blocked GPUs spread over the usable GPUs, times
+  (start/stop/switch priced as seconds of blocked GPUs spread over the dedicated usable GPUs, times
   the configured transition weight; `constant_ms` prices unavoidable stops).
 """
 
@@ -101,6 +101,7 @@ class PlanningProblem:
     kv_demand_units: int
     constant_ms: int  # unavoidable stops (lost / mis-sized / recalled workers)
     usable_gpus: int
+    cost_gpus: int = 1  # the denominator of every transition price (dedicated usable GPUs)
     relax: tuple[str, ...] = ()
     borrow_closed: bool = False  # training GPUs exist but the borrow window is shut
     notes: dict = field(default_factory=dict, compare=False, hash=False)
@@ -210,7 +211,10 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
             cap = 0
         raw.append((grp, cap))
     usable = sum(c for _, c in raw)
-    denom = max(usable, 1)
+    # prices spread blocked GPU-seconds over the dedicated (non-training) GPUs, so lending
+    # training GPUs does not rescale every other cost: the program with borrowing allowed
+    # then prices a no-lend solution exactly as the program without borrowing does
+    denom = max(sum(c for grp, c in raw if grp.pool != "training"), 1)
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches  # cost per batch of the horizon
     c = inputs.costs
     # current instances per group/role, and the price of the ones that cannot stay
@@ -254,7 +258,7 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     closed = any(g.pool == "training" and g.usable for g in state.groups()) and options.allow_borrow and not lendable
-    return PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, relax, closed)
+    return PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, denom, relax, closed)
 
 
 # ------------------------------------------------------------------------------------- solution

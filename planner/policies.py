@@ -141,17 +141,26 @@ class PearlPolicy:
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
+        extras: dict = {"event": event}
+        toggle = inputs.costs.lend_s + inputs.costs.return_s
         try:
-            problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
+            borrowed = self._solve(state, inputs, now_s, borrow=True) if can_borrow else None
+            if borrowed is not None and borrowed[2].lent_gpus == 0 and not self.fixed_pd:
+                # the optimum with borrowing lends nothing, so it is also the optimum without
+                # (same prices on the common assignments): one solve instead of two
+                problem, sol, cand = borrowed
+                t = cand.predicted_completion_s
+                extras.update(t_dedicated_s=t, t_borrow_s=t, borrow_benefit_s=0.0, toggle_s=toggle, borrow=False)
+                borrowed = None
+            else:
+                problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
         except PlanningError as exc:
             if exc.status != "no_solution":
                 raise
             return self._keep_on_timeout(state, inputs, now_s, exc)
-        extras: dict = {"event": event}
-        if can_borrow:
-            p_b, s_b, cand_b = self._solve(state, inputs, now_s, borrow=True)
+        if borrowed is not None:
+            p_b, s_b, cand_b = borrowed
             t_ded, t_full = cand.predicted_completion_s, cand_b.predicted_completion_s
-            toggle = inputs.costs.lend_s + inputs.costs.return_s
             benefit = state.unfinished_fraction * (t_ded - t_full)
             ok = benefit > toggle + inputs.weights.borrow_threshold_s if self.gate else cand_b.objective_ms < cand.objective_ms
             extras.update(t_dedicated_s=t_ded, t_borrow_s=t_full, borrow_benefit_s=benefit, toggle_s=toggle, borrow=bool(ok))

@@ -245,10 +245,10 @@ def _topological(actions: list[Action]) -> list[Action]:
     return out
 
 
-def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInputs, usable_gpus: int) -> int:
+def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInputs, cost_gpus: int) -> int:
     """The plan's transition cost priced from its actions alone (same units as the program)."""
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches
-    denom = max(usable_gpus, 1)
+    denom = max(cost_gpus, 1)
     c = inputs.costs
     total = 0
     for a in plan.actions:

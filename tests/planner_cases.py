@@ -84,8 +84,7 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, mode
     groups = state.groups()
     draining = {x for wk in state.workers if wk.draining for x in wk.gpus}
     caps = {g.key: (g.usable - sum(1 for x in g.gpu_ids if x in draining and state.gpu(x).usable) if (g.pool != "training" or lendable) else 0) for g in groups}
-    usable = sum(caps.values())
-    denom = max(usable, 1)
+    denom = max(sum(v for k, v in caps.items() if k[1] != "training"), 1)  # prices spread over dedicated GPUs
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches
     c = inputs.costs
     cur = {g.key: [0, 0, 0] for g in groups}

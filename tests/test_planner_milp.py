@@ -63,7 +63,7 @@ def test_plan_objective_recomputed_from_scratch_equals_solver() -> None:
         if decision is None:
             continue
         plan = build_plan(state, decision, inputs, 0.0)
-        recomputed = round(decision.predicted_completion_s * 1000) + plan_cost_ms(plan, state, inputs, problem.usable_gpus)
+        recomputed = round(decision.predicted_completion_s * 1000) + plan_cost_ms(plan, state, inputs, problem.cost_gpus)
         assert recomputed == sol.objective_ms, (i, recomputed, sol.objective_ms)
         checked += 1
     assert checked >= 100

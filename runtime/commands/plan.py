@@ -25,7 +25,9 @@ batch completion over the window).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -88,7 +90,7 @@ def plan(
     optimal = 0
     role_changes = 0
     completions: list[tuple[float, float]] = []
-    with Progress(transient=True, console=_stderr_console()) as bar:
+    with _stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
         task = bar.add_task(f"planning {name} over {len(changes)} events", total=len(changes))
         for i, (t, g) in enumerate(changes):
             state = state.with_availability("elastic", min(g, pool))
@@ -134,6 +136,20 @@ def plan(
     else:
         print(f"{name}: {summary['decisions']} decisions, solve p50 {summary['solve_ms_p50']} ms / p95 {summary['solve_ms_p95']} ms, "
               f"optimal {summary['optimal_fraction']:.0%}, role changes {role_changes}, mean predicted rollout {mean_completion:.1f} s -> {out}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Solver libraries (HiGHS) print banners from C++ straight to fd 1: keep `--json` stdout clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _stderr_console():
