@@ -275,7 +275,8 @@ class Controller:
             now = self.now()
             step = self.policy.decide(state, self.inputs, now, event)
             d = step.decision
-            rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
+            extras = {k: (round(float(v), 4) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in d.extras.items() if k != "event"}
+            rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
             self.decisions.append(rec)
             self.metrics.write("decision", **rec)
             self.log(f"decision[{event}] {d.ratio} applied={d.applied} pred={d.predicted_completion_s:.2f}s solve={d.proof.solve_ms:.1f}ms gap={d.proof.gap:.3g} actions={len(step.plan.actions)}")
@@ -702,6 +703,7 @@ class Controller:
                 changed = self._apply_load_change(b)
                 if changed:
                     self._refresh_inputs()
+                self.unfinished = 1.0  # a new batch: all of it is still to run (R/B = 1 for the borrow gate)
                 if b > 0:
                     await self.decide("rollout_step")
                 trajs, seconds = await self._rollout_batch(b)

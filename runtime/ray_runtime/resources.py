@@ -8,7 +8,8 @@ starts; on a real cluster the nodes declare their slots (`ray start --resources`
 elastic node's slots come and go with it.
 
 Elastic availability follows either inline events from the config or a real trace
-(`runtime/traces.py`), with time compressed by `trace.time_scale`.
+(`runtime/traces.py`), with time compressed by `trace.time_scale` (trace seconds per run
+second) and the run's own `runtime.time_scale` (virtual seconds per wall second).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, 
         return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus), e.after_step) for e in rt.elastic_events)
     if spec.trace is None or elastic_gpus == 0:
         return (AvailabilityChange(0.0, elastic_gpus),)
-    from runtime import traces  # the real trace readers (Bamboo, SkyPilot)
+    from runtime.traces import load_trace  # the real trace readers (Bamboo, SkyPilot)
 
-    series = traces.load_trace(spec.trace, elastic_gpus)  # type: ignore[attr-defined]
-    scale = spec.trace.time_scale
-    return tuple(AvailabilityChange(float(t) / scale, int(min(n, elastic_gpus))) for t, n in series)
+    trace = load_trace(spec.trace, elastic_gpus)
+    # trace times are already compressed by trace.time_scale into the run's (virtual) seconds;
+    # the runtime's clock runs rt.time_scale virtual seconds per wall second
+    return tuple(AvailabilityChange(t / rt.time_scale, int(min(g, elastic_gpus))) for t, g in trace.changes())
