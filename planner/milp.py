@@ -29,7 +29,7 @@ Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -258,7 +258,32 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     closed = any(g.pool == "training" and g.usable for g in state.groups()) and options.allow_borrow and not lendable
-    return PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, denom, relax, closed)
+    problem = PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, denom, relax, closed)
+    return bound_prune(problem)
+
+
+def bound_prune(problem: PlanningProblem) -> PlanningProblem:
+    """Drop table entries no optimum can select, using the current configuration as incumbent.
+
+    Selecting entry (k, t) of role r needs at least k instances of r; beyond the C_r current
+    ones each costs at least the cheapest start or switch. If t + that lower bound (+ the
+    unavoidable constant) exceeds the current configuration's objective, the entry cannot
+    be optimal. Exact; shrinks the one-hot when the cluster changes little.
+    """
+    cur = tuple((g.total_cur(0), g.total_cur(1), g.total_cur(2)) for g in problem.groups)
+    if not any(any(v) for v in cur):
+        return problem
+    ub = evaluate(problem, cur)
+    if ub is None:
+        return problem
+    out = []
+    for r, entries in enumerate(problem.entries):
+        have = sum(v[r] for v in cur)
+        prices = [min(g.start_ms[r], g.switch_ms[r]) for g in problem.groups if g.ub(r, problem.tp[r]) > 0]
+        unit = min(prices) if prices else 0
+        kept = [entries[0]] + [(k, t) for k, t in entries[1:] if t + max(0, k - have) * unit + problem.constant_ms <= ub]
+        out.append(tuple(kept))
+    return replace(problem, entries=tuple(out))
 
 
 # ------------------------------------------------------------------------------------- solution
