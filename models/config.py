@@ -255,7 +255,9 @@ class CostWeights(Frozen):
 
 
 class SolverSpec(Frozen):
-    backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] = "cpsat"
+    # default chosen by experiments/bench_planner.py (results/bench_planner.json): CBC via
+    # OR-Tools pywraplp had the lowest decision latency on this machine class
+    backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] = "cbc"
     time_limit_s: PositiveFloat = 1.0
     workers: PositiveInt = 8
 

@@ -71,7 +71,7 @@ class MemoryModel:
 
 @dataclass(frozen=True)
 class SolverSettings:
-    backend: str = "cpsat"
+    backend: str = "cbc"
     time_limit_s: float = 1.0
     workers: int = 8
     seed: int = 0
