@@ -96,6 +96,7 @@ class Decision:
             "per_node": self.per_node(), "lent_gpus": self.lent_gpus,
             "predicted_completion_s": round(self.predicted_completion_s, 4), "transition_cost_s": round(self.transition_cost_s, 4),
             "objective_ms": self.objective_ms, "applied": self.applied, "forced": self.forced, "reason": self.reason,
+            "extras": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.extras.items()},
             "proof": {
                 "status": self.proof.status, "objective": self.proof.objective, "best_bound": self.proof.best_bound,
                 "gap": self.proof.gap, "solve_ms": round(self.proof.solve_ms, 3), "backend": self.proof.backend,

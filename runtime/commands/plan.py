@@ -12,7 +12,7 @@ plan.json schema:
      {"t_s": float,                      # seconds from the window start (after time_scale)
       "event": "initial" | "availability",
       "elastic_gpus": int,               # elastic GPUs available from t_s on
-      "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}},
+      "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}}, extras (borrow gate: t_dedicated_s, t_borrow_s, borrow_benefit_s, toggle_s, borrow),
                    lent_gpus, predicted_completion_s, transition_cost_s, objective_ms,
                    applied, forced, reason,
                    proof: {status, objective, best_bound, gap, solve_ms, backend, infeasible_family}},
