@@ -78,7 +78,9 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
     for k, ev in enumerate(evs):
         state = state.with_availability("elastic", int(round(ev["elastic_fraction"] * n_elastic)))
         if ev["notice_fraction"]:
-            hit = {g.id for g in state.gpus if g.pool == "elastic" and g.available and hash((g.node, k)) % 10 == 0}
+            nodes = sorted({g.node for g in state.gpus if g.pool == "elastic" and g.available})
+            noticed = set(random.Random(k).sample(nodes, int(len(nodes) * ev["notice_fraction"])))
+            hit = {g.id for g in state.gpus if g.node in noticed}
             state = replace(state, gpus=tuple(replace(g, preempt_notice=g.id in hit) for g in state.gpus))
         state = replace(state, trainer=ev["trainer"], unfinished_fraction=ev["unfinished"])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -88,8 +90,10 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
         solver.append(step.decision.proof.solve_ms)
         optimal.append(step.decision.proof.status in ("optimal", "evaluated"))
         state = apply_plan(state, step.plan)
-        state = replace(state, gpus=tuple(replace(g, preempt_notice=False) for g in state.gpus if True))
-        state = ClusterState(tuple(g for g in state.gpus), tuple(w for w in state.workers if all(state.gpu(x).available for x in w.gpus)), state.trainer)
+        # the noticed GPUs are gone before the next event; everything else carries over
+        gone = {g.id for g in state.gpus if g.preempt_notice}
+        gpus = tuple(replace(g, available=g.available and g.id not in gone, preempt_notice=False) for g in state.gpus)
+        state = replace(state, gpus=gpus, workers=tuple(w for w in state.workers if not gone & set(w.gpus)))
     return total, solver, optimal, cpu
 
 

@@ -15,13 +15,18 @@ INTERFACE (stable; the simulator and the Ray runtime build on it)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import gc
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
-from planner.decision import Decision
+import numpy as np
+
+from planner.decision import Decision, SolverProof
 from planner.inputs import PlanningInputs
+from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate
+from planner.solve import decision_from, solve_step
 from planner.state import ClusterState
-from planner.transition import TransitionPlan
+from planner.transition import TransitionPlan, build_plan
 
 Event = Literal["initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step"]
 EVENTS: tuple[str, ...] = ("initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step")
@@ -40,15 +45,8 @@ class Policy(Protocol):
 
 
 # ----------------------------------------------------------------------------- implementations
-import gc  # noqa: E402
-from dataclasses import replace  # noqa: E402
 
-import numpy as np  # noqa: E402
 
-from planner.decision import SolverProof  # noqa: E402
-from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate  # noqa: E402
-from planner.solve import decision_from, solve_step  # noqa: E402
-from planner.transition import build_plan  # noqa: E402
 
 
 class PlanningError(RuntimeError):

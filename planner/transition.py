@@ -1,12 +1,22 @@
 """From the current state and a decision to concrete, ordered actions with the fewest role changes.
 
-Filled in below the value types.
+Per node group, existing workers are matched to the decision's slots by a min-cost
+assignment (keep free, switch role, stop; unfilled slots are starts), which reaches the
+paper's closed form D_worker + D_role when a switch is cheaper than a stop plus a start.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from planner.decision import Decision
+from planner.inputs import PlanningInputs
+from planner.milp import _ms, borrow_window_open
+from planner.state import ROLES, ClusterState, Worker
 
 ActionKind = Literal["start", "load_weights", "drain", "switch_role", "stop", "lend", "return"]
 
@@ -51,13 +61,6 @@ class TransitionPlan:
 
 
 # ----------------------------------------------------------------------------- planning
-import numpy as np  # noqa: E402
-from scipy.optimize import linear_sum_assignment  # noqa: E402
-
-from planner.decision import Decision  # noqa: E402
-from planner.inputs import PlanningInputs  # noqa: E402
-from planner.milp import _ms, borrow_window_open  # noqa: E402
-from planner.state import ROLES, ClusterState, Worker  # noqa: E402
 
 BIG = 1e12
 
@@ -265,8 +268,6 @@ def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInpu
 
 def apply_plan(state: ClusterState, plan: TransitionPlan) -> ClusterState:
     """The state after every action of `plan` has completed (pure; for offline planning and tests)."""
-    from dataclasses import replace as _replace
-
     workers = {w.id: w for w in state.workers}
     lent: set[str] = set()
     returned: set[str] = set()
@@ -274,14 +275,14 @@ def apply_plan(state: ClusterState, plan: TransitionPlan) -> ClusterState:
         if a.kind == "stop" and a.worker in workers:
             del workers[a.worker]
         elif a.kind == "switch_role" and a.worker in workers:
-            workers[a.worker] = _replace(workers[a.worker], role=a.role)  # type: ignore[arg-type]
+            workers[a.worker] = replace(workers[a.worker], role=a.role)  # type: ignore[arg-type]
         elif a.kind == "start":
             workers[a.worker] = Worker(a.worker, a.role, a.gpus, len(a.gpus), state.weight_version)  # type: ignore[arg-type]
         elif a.kind == "load_weights" and a.worker in workers:
-            workers[a.worker] = _replace(workers[a.worker], weight_version=state.weight_version)
+            workers[a.worker] = replace(workers[a.worker], weight_version=state.weight_version)
         elif a.kind == "lend":
             lent.update(a.gpus)
         elif a.kind == "return":
             returned.update(a.gpus)
-    gpus = tuple(_replace(g, borrowed=(g.borrowed or g.id in lent) and g.id not in returned) for g in state.gpus)
-    return _replace(state, gpus=gpus, workers=tuple(workers.values()))
+    gpus = tuple(replace(g, borrowed=(g.borrowed or g.id in lent) and g.id not in returned) for g in state.gpus)
+    return replace(state, gpus=gpus, workers=tuple(workers.values()))
