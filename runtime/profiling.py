@@ -26,8 +26,10 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
       "grid": {"name", "batch": [...], "prompt_tokens": [...], "context_tokens": [...],
                "repeats": int, "decode_steps": int, "points": int},
       "engine": {dtype, load_format, max_model_len, block_size, max_num_batched_tokens,
-                 enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind},
-      "wall_s": seconds the whole run took}}
+                 enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind, seed,
+                 clock ("wall" or "thread": what "seconds" below measured)},
+      "engine_start_s": seconds, "wall_s": seconds the whole run took,
+      "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
   then one object per measured step shape:
       {"kind": "prefill" | "decode",
        "prefill_tokens": new tokens prefilled in the step (sum over requests),
@@ -93,7 +95,7 @@ GRIDS: dict[str, Grid] = {
     # For tests: a handful of points, seconds on the tiny model.
     "tiny": Grid("tiny", (1, 4), (32, 128), (0, 64), repeats=3, decode_steps=4),
     # Slow real architectures on CPU (e.g. Qwen3-0.6B): few tokens per step.
-    "small": Grid("small", (1, 2, 4, 8), (16, 64), (0, 128), repeats=3, decode_steps=4),
+    "small": Grid("small", (1, 2, 4, 8, 16), (16, 64, 256), (0, 256), repeats=3, decode_steps=4),
     "medium": Grid("medium", (1, 2, 4, 8, 16, 32), (16, 64, 256), (0, 128, 512), repeats=5, decode_steps=8),
 }
 
@@ -113,6 +115,7 @@ class EngineSettings:
     kv_cache_gib: int = 1
     cpu_threads_bind: str = "auto"
     seed: int = 0
+    clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point
 
     def engine_kwargs(self) -> dict[str, Any]:
         return dict(
@@ -248,10 +251,15 @@ class EngineProfiler:
         ids = self._submit([pre + self._tokens(l) for pre in prefixes], 1 + decode_steps)
         first: dict[str, Any] = {}
         step_s: list[float] = []
+        # clock "thread" times the engine's own thread (CPU time): on a CPU engine whose
+        # compute runs on that one pinned thread it equals the wall time of an idle
+        # machine, and does not count time other processes took the core (a shared
+        # machine). It is no measure of a GPU engine: use "wall" there.
+        clock = time.thread_time if self.settings.clock == "thread" else time.perf_counter
         while engine.has_unfinished_requests():
-            t0 = time.perf_counter()
+            t0 = clock()
             outs = engine.step()
-            step_s.append(time.perf_counter() - t0)
+            step_s.append(clock() - t0)
             if len(step_s) == 1:
                 first = {o.request_id: o for o in outs}
         if set(first) != set(ids):
@@ -313,6 +321,7 @@ def profile_engine(
     if not points:
         raise ConfigError("--grid", grid.name, "no points", f"points with context + prompt + {grid.decode_steps + 1} <= --max-model-len {settings.max_model_len} and batch x prompt <= --max-num-batched-tokens {settings.max_num_batched_tokens}")
     profiler = EngineProfiler(settings)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     profiler.start()
     samples: list[StepSample] = []
@@ -335,7 +344,7 @@ def profile_engine(
             samples.extend(EngineProfiler.aggregate(point, point_runs, grid.decode_steps))
     finally:
         profiler.close()
-    facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points)}
+    facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     return samples, facts
 
 
@@ -362,4 +371,5 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
         "engine": engine,
         "engine_start_s": facts["engine_start_s"],
         "wall_s": facts["wall_s"],
+        "load_avg": facts["load_avg"],
     }

