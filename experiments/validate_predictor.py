@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import shutil
@@ -200,6 +201,8 @@ async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches:
     finally:
         for e in engines:
             e.shutdown()
+        engines.clear()
+        gc.collect()  # finalise the engines now, not during interpreter teardown
         shutil.rmtree(store, ignore_errors=True)
     return out
 
@@ -281,6 +284,7 @@ def main() -> None:
     env_scales = [float(x) for x in args.env_scales.split(",")]
     modes = args.modes.split(",")
     t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
     runs: list[RunRecord] = []
     for mode in modes:
         runs += asyncio.run(measure_mode(mode, args.model_dir, spec, batches, env_scales, args.repeats))
@@ -310,6 +314,7 @@ def main() -> None:
         "targets": {"step_time_holdout_mape_pct": 5.0, "batch_completion_error_pct": 10.0},
         "max_abs_error_pct": max(abs(r["error_pct"]) for r in rows),
         "wall_s": round(time.perf_counter() - t0, 1),
+        "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "runs": rows,
     }
     out = Path(args.out)
@@ -327,9 +332,10 @@ def main() -> None:
         m, p = r["measured"], r["predicted"]
         t.add_row(r["mode"], str(r["batch"]), f"{r['env_s']:.2f}", f"{m['completion_s']:.3f}", f"{p['completion_s']:.3f}", f"{r['error_pct']:+.1f}",
                   f"{m['decode_step_s_median'] * 1e3:.2f} / {p['decode_step_s_at_mean_concurrency'] * 1e3:.2f}", f"{p['mean_decode_concurrency']:.1f}")
-    Console().print(t)
+    console = Console(width=160)
+    console.print(t)
     ho = prof.fit.get("holdout_mape_pct", {})
-    Console().print(f"step-time held-out MAPE: prefill {ho.get('prefill', float('nan')):.2f}%, decode {ho.get('decode', float('nan')):.2f}% (target <= 5%); "
+    console.print(f"step-time held-out MAPE: prefill {ho.get('prefill', float('nan')):.2f}%, decode {ho.get('decode', float('nan')):.2f}% (target <= 5%); "
                     f"max |batch completion error| {result['max_abs_error_pct']:.1f}% (target <= 10%)")
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
 
