@@ -9,7 +9,7 @@ import pytest
 from planner.backends import BACKENDS, solve
 from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
-from planner.transition import build_plan, plan_cost_ms
+from planner.transition import apply_plan, build_plan, plan_cost_ms
 from planner_cases import oracle, random_inputs, random_state
 
 N_CASES = 200
@@ -65,6 +65,12 @@ def test_plan_objective_recomputed_from_scratch_equals_solver() -> None:
         plan = build_plan(state, decision, inputs, 0.0)
         recomputed = round(decision.predicted_completion_s * 1000) + plan_cost_ms(plan, state, inputs, problem.cost_gpus)
         assert recomputed == sol.objective_ms, (i, recomputed, sol.objective_ms)
+        after = apply_plan(state, plan)  # and the plan lands exactly on the decided placement
+        got: dict[str, dict[str, int]] = {}
+        for w in after.workers:
+            if not w.draining:
+                got.setdefault(after.gpu(w.gpus[0]).node, {"colocated": 0, "prefill": 0, "decode": 0})[w.role] += 1
+        assert {n: c for n, c in got.items() if any(c.values())} == decision.per_node(), i
         checked += 1
     assert checked >= 100
 
