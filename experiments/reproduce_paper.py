@@ -53,8 +53,8 @@ def main() -> None:
         runs[key or f"{cfg}|{policy}|{offset}"] = {"config": cfg, "policy": policy, "offset_h": offset, "hours": h, **r.summary()}
         return r
 
-    def add(claim: str, paper: str, ours: float | str, unit: str, setting: str, paper_value: float | None = None, note: str = "") -> None:
-        ours_s = ours if isinstance(ours, str) else (f"{ours:+.1f}{unit}" if unit == "%" else f"{ours:.2f}{unit}")
+    def add(claim: str, paper: str, ours: float | str, unit: str, setting: str, paper_value: float | None = None, note: str = "", signed: bool = True) -> None:
+        ours_s = ours if isinstance(ours, str) else ((f"{ours:+.1f}%" if signed else f"{ours:.1f}%") if unit == "%" else f"{ours:.2f}{unit}")
         delta = "" if paper_value is None or isinstance(ours, str) else (f"{ours - paper_value:+.1f} pp" if unit == "%" else f"{ours - paper_value:+.2f}{unit}")
         rows.append({"claim": claim, "paper": paper, "ours": ours_s, "ours_value": None if isinstance(ours, str) else round(float(ours), 4), "paper_value": paper_value, "delta": delta, "setting": setting, "note": note})
 
@@ -66,27 +66,33 @@ def main() -> None:
         mot = {n: run("paper-8b-motivation", f"fixed:colocated:{n // 2}:0:0") for n in (16, 24, 32)}
         share = mot[16].mean_batch_s / (mot[16].mean_batch_s + float(np.mean(mot[16].train_times_s)))
         add("rollout share of end-to-end time", "81.8%", share * 100, "%", "paper-8b-motivation: 8B, 8 train + 16 rollout GPUs (8 TP2 colocated), staleness 0", 81.8,
-            f"mean rollout batch {mot[16].mean_batch_s:.0f} s vs training step {np.mean(mot[16].train_times_s):.0f} s")
+            f"mean rollout batch {mot[16].mean_batch_s:.0f} s vs training step {np.mean(mot[16].train_times_s):.0f} s", signed=False)
         cut24 = (1 - mot[24].mean_batch_s / mot[16].mean_batch_s) * 100
         cut32 = (1 - mot[32].mean_batch_s / mot[24].mean_batch_s) * 100
         add("rollout time cut 16 -> 24 rollout GPUs", "10.3%", cut24, "%", "paper-8b-motivation, 12 TP2 colocated", 10.3)
         add("further cut 24 -> 32 rollout GPUs", "8.9%", cut32, "%", "paper-8b-motivation, 16 TP2 colocated", 8.9)
         prog.advance(task)
 
-        # 3: PD crossover (predictor; or the pd_crossover experiment's results when present)
+        # 3: PD crossover: the pd_crossover experiment's results when present, else the predictor
         pdx = ROOT / "results/pd_crossover.json"
         spec = load_experiment(EXP / "pd-crossover.yaml")
-        paper_pd = {32: 9.7, 80: 1.4, 96: -6.1}
-        for b, pv in paper_pd.items():
-            m = build_models(spec, batch=b)
-            col = m.predictor.colocated(8).completion_s
-            dis = m.predictor.best_disaggregated(8)
-            add(f"disaggregation vs colocation, batch {b}", f"{pv:+.1f}%", (col / dis.completion_s - 1) * 100, "%", "pd-crossover: 30B-A3B, 16 H800 = 8 TP2 workers (predictor)", pv, f"best {dis.prefill}P{dis.decode}D")
-        for b, best in ((48, "4P4D"), (64, "5P3D")):
-            dis = build_models(spec, batch=b).predictor.best_disaggregated(8)
-            add(f"best P:D ratio at batch {b}", best, f"{dis.prefill}P{dis.decode}D", "", "pd-crossover (predictor)")
+        table = {}
         if pdx.exists():
-            rows[-1]["note"] = f"see also {pdx.relative_to(ROOT)}"
+            table = {int(r["batch_size"]): (float(r["disaggregation_gain_pct"]), str(r["best_ratio"])) for r in json.loads(pdx.read_text())}
+        src = "results/pd_crossover.json (experiments/pd_crossover.py)" if table else "predictor"
+
+        def crossover(b: int) -> tuple[float, str]:
+            if b in table:
+                return table[b]
+            m = build_models(spec, batch=b)
+            dis = m.predictor.best_disaggregated(8)
+            return (m.predictor.colocated(8).completion_s / dis.completion_s - 1) * 100, f"{dis.prefill}P{dis.decode}D"
+
+        for b, pv in {32: 9.7, 80: 1.4, 96: -6.1}.items():
+            g, ratio = crossover(b)
+            add(f"disaggregation vs colocation, batch {b}", f"{pv:+.1f}%", g, "%", f"pd-crossover: 30B-A3B, 16 H800 = 8 TP2 workers ({src})", pv, f"best {ratio}")
+        for b, best in ((48, "4P4D"), (64, "5P3D")):
+            add(f"best P:D ratio at batch {b}", best, crossover(b)[1], "", f"pd-crossover ({src})")
         prog.advance(task)
 
         # 4-5: main setting, per model and Bamboo segment

@@ -368,25 +368,26 @@ class Engine:
     def _plan(self) -> None:
         self.t = max(self.t, self._hold)
         self._admit_waiting()
-        budget = self.cfg.max_batched_tokens - len(self._seqs)
+        c = len(self._seqs)
+        budget = self.cfg.max_batched_tokens - c
         batch: list[tuple[_Waiting, int]] = []
-        if self.cfg.role != "decode":
+        ptok = prefix = 0
+        if self._admitted_prefill:
             for w in self._waiting:
                 if not w.admitted or budget <= 0:
                     break
-                n = min(w.req.prefill_tokens - w.done, budget) if w.req.prefill_tokens > w.done else 0
+                left = w.req.prefill_tokens - w.done
+                n = (left if left < budget else budget) if left > 0 else 0
                 batch.append((w, n))
                 budget -= n
+                ptok += n
+                prefix += w.req.prefix_tokens + w.done
         if batch:
-            ptok = float(sum(n for _, n in batch))
-            prefix = float(sum(w.req.prefix_tokens + w.done for w, _ in batch))
-            c = len(self._seqs)
-            dt = self.cost(max(ptok, 1.0), float(len(batch)), prefix, float(c), self._C)
+            dt = self.cost(float(ptok) if ptok > 1 else 1.0, float(len(batch)), float(prefix), float(c), self._C)
             self._kind, self._mixed = "mixed", batch
             self._seg_t0, self._seg_end = self.t, self.t + dt
             return
-        if self._seqs:
-            c = len(self._seqs)
+        if c:
             self._alpha, self._beta = self._affine[c] if c < len(self._affine) else self.cost.decode_affine(c)
             self._seg_k = max(self._finish[0][0] - self._steps, 1)
             self._kind, self._seg_t0 = "decode", self.t
@@ -400,12 +401,12 @@ class Engine:
         self.stats.busy_s += dt
         self.stats.steps += 1
         self.stats.decode_tokens += c
-        self.stats.prefill_tokens += sum(n for _, n in self._mixed)
         self._C += c
         self._steps += 1
         self.t = self._seg_end
         for w, n in self._mixed:
             w.done += n
+            self.stats.prefill_tokens += n
             if w.done < w.req.prefill_tokens:
                 continue
             self._waiting.remove(w)

@@ -500,9 +500,9 @@ class Simulator:
         self.r.decisions += 1
         if "error" in step.info:
             self.r.policy_failures += 1
-        if step.mode != self.mode and step.changes:
-            self.r.mode_switches += 1
         if step.changes:
+            if step.mode != self.mode and event != "start":
+                self.r.mode_switches += 1  # the initial layout is a choice, not a switch
             self.mode = step.mode
         self._apply(step.changes, warm=self.warm and event == "start")
         self.r.decision_log.append((round(self.now, 2), event, step.mode, dict(step.info)))
