@@ -144,7 +144,9 @@ def _solution(p: PlanningProblem, lm: LinearModel, values: list[float] | None, s
 
 
 # ------------------------------------------------------------------------------------- CP-SAT
-def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0) -> Solution:
+def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None) -> Solution:
+    """CP-SAT stops at the wall-clock limit or at the same amount of deterministic time
+    (reproducible on an idle machine), whichever comes first."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -165,6 +167,7 @@ def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed:
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = deterministic_limit_s if deterministic_limit_s is not None else time_limit_s
     st = solver.solve(model)
     ms = (time.perf_counter() - t0) * 1000
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -93,3 +93,30 @@ def test_infeasible_names_the_constraint_family() -> None:
     four = ClusterState(tuple(GPU(f"n/{i}", "n", "H800", "rollout") for i in range(4)))
     assert solve_step(four, huge, 0.0)[1].infeasible_family == "memory"
     assert solve_step(four, inputs, 0.0, Options(fixed_pd=(3, 3)))[1].infeasible_family == "policy"
+
+
+def test_time_limit_returns_the_best_feasible_with_its_gap() -> None:
+    """CP-SAT cut short (deterministic limit) on a 1024-GPU per-node program: a feasible
+    answer whose objective and bound bracket the optimum another backend proves."""
+    from dataclasses import replace as dc_replace
+    from pathlib import Path
+
+    from models.builder import build_models
+    from models.config import load_experiment
+    from planner.backends import solve_cpsat
+    from planner.inputs import planning_inputs
+    from planner.state import TrainerPhase, initial_state
+
+    spec = load_experiment(Path(__file__).resolve().parents[1] / "configs/experiments/default.yaml")
+    inputs = planning_inputs(build_models(spec), 1024)
+    state = initial_state([(64, 8, "H800", "training"), (16, 8, "H800", "rollout"), (192, 2, "H800", "elastic")], TrainerPhase("training", 0.0))
+    problem = build_problem(state.with_availability("elastic", 300), inputs, 0.0, Options(aggregate=False))
+    best = solve(problem, "cbc", time_limit_s=60.0)
+    assert best.status == "optimal"
+    cut = solve_cpsat(problem, time_limit_s=60.0, deterministic_limit_s=0.1)
+    assert cut.status == "feasible", cut.status
+    assert cut.best_bound_ms <= best.objective_ms <= cut.objective_ms
+    assert 0.0 < cut.gap < 0.05 and evaluate(problem, cut.x) == cut.objective_ms
+    full = solve_cpsat(problem, time_limit_s=60.0)
+    assert full.status == "optimal" and full.objective_ms == best.objective_ms
+    assert dc_replace(cut, best_bound_ms=cut.objective_ms).gap == 0.0
