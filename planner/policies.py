@@ -45,10 +45,6 @@ class Policy(Protocol):
 
 
 # ----------------------------------------------------------------------------- implementations
-
-
-
-
 class PlanningError(RuntimeError):
     """No configuration found; the message names the constraint family (or the time limit)."""
 
