@@ -1,0 +1,261 @@
+"""Run sweep points: the simulator (or the planner over the trace) per point, cached on disk.
+
+A point's cache key is a SHA-256 over the re-validated experiment (minus its name and file
+path), the policy, seed, trace flags, hours, the kind of run and a digest of the model,
+planner and simulator sources, so an interrupted sweep resumes where it stopped and a code
+change never serves stale numbers. Points run in a process pool (one simulation per
+process; the simulator is single-threaded Python) with a rich progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from models.config import ConfigError, ExperimentSpec
+from runtime.sim.run import TraceFlags
+from runtime.sweep.keys import Number, apply_overrides, current_values
+from runtime.sweep.points import Point
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+CODE_DIRS = ("models", "planner", "runtime/sim")
+CODE_FILES = ("runtime/traces.py", "runtime/sweep/runner.py")
+# What `pearl compare --json` reports per policy, plus the churn counters a sensitivity study needs.
+SUMMARY_KEYS = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns",
+               "role_switches", "mode_switches", "starts", "stops", "lends", "preempted_instances", "decisions", "policy_failures")
+SIM_METRICS = (*SUMMARY_KEYS, "reconfigurations")
+ERROR = "__config_error__"
+PLAN_METRICS = ("decisions", "switches", "role_changes", "mode_switches", "joins", "leaves", "predicted_rollout_s",
+                "predicted_trajectories_per_h", "solve_ms_p50", "solve_ms_p95", "optimal_fraction")
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 over the sources a point's numbers depend on."""
+    h = hashlib.sha256()
+    paths = [p for d in CODE_DIRS for p in sorted((REPO_ROOT / d).rglob("*.py"))] + [REPO_ROOT / f for f in CODE_FILES]
+    for p in paths:
+        if p.exists():
+            h.update(str(p.relative_to(REPO_ROOT)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One (point, seed) run, with its already re-validated experiment."""
+
+    index: int
+    point: Point
+    seed: int
+    spec: ExperimentSpec
+    policy: str
+    flags: TraceFlags
+    hours: float
+    planner_only: bool = False
+
+    def config_hash(self) -> str:
+        body = self.spec.model_dump(mode="json", exclude={"name", "source"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def cache_key(self) -> str:
+        ident = {"config": self.config_hash(), "policy": self.policy, "seed": self.seed, "trace": asdict(self.flags),
+                 "hours": self.hours, "kind": "plan" if self.planner_only else "sim", "code": code_digest()}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def make_tasks(spec: ExperimentSpec, points: list[Point], seeds: list[int], policy: str, flags: TraceFlags, hours: float,
+               planner_only: bool = False) -> list[Task]:
+    """Validate every point before anything runs (a bad value fails the sweep up front)."""
+    tasks = []
+    for i, p in enumerate(points):
+        s = apply_overrides(spec, p.overrides())
+        for seed in seeds:
+            tasks.append(Task(i, p, seed, s, policy, flags, hours, planner_only))
+    return tasks
+
+
+# ----------------------------------------------------------------------------- one point
+def simulate_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours: float, seed: int) -> dict[str, Any]:
+    from runtime.sim import run as sim_run
+
+    r = sim_run.simulate(spec, policy, flags, hours=hours, seed=seed)
+    s = r.summary()
+    # every engine-level action the policy caused: starts (lends included), stops, role changes
+    reconf = s["starts"] + s["stops"] + s["role_switches"]
+    return {**{k: s[k] for k in SUMMARY_KEYS}, "reconfigurations": reconf, "wall_s": round(r.wall_s, 3)}
+
+
+def plan_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours: float, seed: int) -> dict[str, Any]:
+    """The `pearl plan` loop (runtime/commands/plan.py) over the trace window, without writing plan.json.
+
+    Adapter: plan.py's loop lives inside the typer command and takes a config path; a sweep
+    needs it on an overridden in-memory experiment, so the same calls are made here.
+    """
+    import numpy as np
+
+    from models.builder import build_models
+    from models.config import ConfigError, TraceSpec
+    from planner.inputs import planning_inputs
+    from planner.policies import PlanningError, get_policy
+    from planner.state import TrainerPhase, state_from_cluster_spec
+    from planner.transition import apply_plan
+    from runtime.traces import load_trace
+
+    tspec = spec.trace
+    if flags.path is not None:
+        tspec = (tspec or TraceSpec(path=flags.path)).model_copy(update={"path": str(Path(flags.path).resolve())})
+    if tspec is None:
+        raise ConfigError(spec.source, "trace", None, "a trace section in the config, or --trace FILE (--planner-only plans over a trace)")
+    pool = spec.cluster.gpus_in_pool("elastic")
+    avail = load_trace(tspec, pool_gpus=pool or None, offset_hours=flags.offset_hours, hours=hours)
+    models = build_models(spec)
+    inputs = planning_inputs(models, sum(g.count * g.gpus_per_node for g in spec.cluster.nodes))
+    pol = get_policy(policy, spec.solver.backend)
+    state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
+    solve_ms: list[float] = []
+    comp: list[tuple[float, float]] = []
+    counts = {"role_changes": 0, "mode_switches": 0, "joins": 0, "leaves": 0, "optimal": 0}
+    mode: str | None = None
+    t0 = time.perf_counter()
+    for i, (t, g) in enumerate(avail.changes()):
+        state = state.with_availability("elastic", min(g, pool))
+        try:
+            step = pol.decide(state, inputs, t, "initial" if i == 0 else "availability")
+        except PlanningError as exc:
+            raise ConfigError(spec.source, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
+        d = step.decision
+        if mode is not None and d.mode != mode:  # a gated decision reports the kept (current) mode
+            counts["mode_switches"] += 1
+        mode = d.mode
+        state = apply_plan(state, step.plan)
+        solve_ms.append(d.proof.solve_ms)
+        counts["optimal"] += d.proof.status in ("optimal", "evaluated")
+        counts["role_changes"] += step.plan.role_changes
+        counts["joins"] += step.plan.joins
+        counts["leaves"] += step.plan.leaves
+        comp.append((t, d.predicted_completion_s))
+    ts = np.array([c[0] for c in comp] + [avail.duration_s])
+    w = np.diff(ts)
+    mean_s = float(np.sum(w * np.array([c[1] for c in comp])) / max(w.sum(), 1e-9))
+    n = len(comp)
+    return {
+        "decisions": n, "switches": counts["role_changes"] + counts["mode_switches"], "role_changes": counts["role_changes"],
+        "mode_switches": counts["mode_switches"], "joins": counts["joins"], "leaves": counts["leaves"],
+        "predicted_rollout_s": round(mean_s, 3),
+        "predicted_trajectories_per_h": round(3600.0 * spec.workload.trajectories_per_batch / mean_s, 2) if mean_s > 0 else 0.0,
+        "solve_ms_p50": round(float(np.percentile(solve_ms, 50)), 3), "solve_ms_p95": round(float(np.percentile(solve_ms, 95)), 3),
+        "optimal_fraction": round(counts["optimal"] / max(n, 1), 4), "wall_s": round(time.perf_counter() - t0, 3),
+    }
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """Metrics of one task; a ConfigError comes back as data (its 4-argument form does not unpickle)."""
+    fn = plan_metrics if task.planner_only else simulate_metrics
+    try:
+        return fn(task.spec, task.policy, task.flags, task.hours, task.seed)
+    except ConfigError as exc:
+        return {ERROR: [exc.file, exc.field, exc.value if isinstance(exc.value, (int, float, str)) else str(exc.value), exc.allowed]}
+
+
+def _raise_if_error(metrics: dict[str, Any]) -> dict[str, Any]:
+    if ERROR in metrics:
+        raise ConfigError(*metrics[ERROR])
+    return metrics
+
+
+# ----------------------------------------------------------------------------- cache
+def _cache_path(cache_dir: Path, task: Task) -> Path:
+    return cache_dir / f"{task.cache_key()}.json"
+
+
+def read_cached(cache_dir: Path, task: Task) -> dict[str, Any] | None:
+    p = _cache_path(cache_dir, task)
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())["metrics"]
+    except (ValueError, KeyError):
+        return None  # a torn or foreign file: recompute
+
+
+def write_cached(cache_dir: Path, task: Task, metrics: dict[str, Any]) -> None:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    p = _cache_path(cache_dir, task)
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"config_hash": task.config_hash(), "seed": task.seed, "policy": task.policy, "metrics": metrics}))
+    os.replace(tmp, p)  # atomic: an interrupt never leaves half a record
+
+
+# ----------------------------------------------------------------------------- the sweep
+@dataclass
+class SweepRun:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    computed: int = 0
+    cached: int = 0
+    wall_s: float = 0.0
+
+
+def record(task: Task, keys: list[str], metrics: dict[str, Any], cached: bool) -> dict[str, Any]:
+    """One JSON record: the swept keys' values as the run saw them, seed, policy, hash, metrics."""
+    values: dict[str, Number] = current_values(task.spec, keys)
+    return {"point": task.index, "values": values, "varied": task.point.varied, "seed": task.seed, "policy": task.policy,
+            "config_hash": task.config_hash(), "cached": cached, **metrics}
+
+
+def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2, show_progress: bool = True,
+              on_done: Callable[[int, int], None] | None = None) -> SweepRun:
+    """Run what the cache lacks (in `jobs` processes; in this process when jobs == 1) and collect every record."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    t0 = time.perf_counter()
+    out = SweepRun()
+    done: dict[int, dict[str, Any]] = {}
+    todo: list[int] = []
+    for i, t in enumerate(tasks):
+        m = read_cached(cache_dir, t)
+        if m is None:
+            todo.append(i)
+        else:
+            done[i] = record(t, keys, m, cached=True)
+            out.cached += 1
+    progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points ({task.fields[cached]} cached)"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True, disable=not show_progress)
+
+    def finish(i: int, m: dict[str, Any]) -> None:
+        _raise_if_error(m)
+        write_cached(cache_dir, tasks[i], m)
+        done[i] = record(tasks[i], keys, m, cached=False)
+        out.computed += 1
+        progress.advance(bar)
+        if on_done is not None:
+            on_done(len(done), len(tasks))
+
+    with progress:
+        bar = progress.add_task("sweep", total=len(tasks), completed=out.cached, cached=out.cached)
+        if jobs <= 1 or len(todo) <= 1:
+            for i in todo:
+                finish(i, run_task(tasks[i]))
+        else:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+                pending: dict[Future, int] = {pool.submit(run_task, tasks[i]): i for i in todo}
+                try:
+                    while pending:
+                        ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for f in ready:
+                            finish(pending.pop(f), f.result())
+                except BaseException:
+                    for f in pending:
+                        f.cancel()
+                    raise
+    out.records = [done[i] for i in range(len(tasks))]
+    out.wall_s = time.perf_counter() - t0
+    return out
