@@ -177,7 +177,9 @@ class PearlPolicy:
         if not self.gate:
             return Step(replace(cand, reason="ungated"), plan)
         x_cur = _current_x(problem)
-        obj_cur = evaluate(problem, x_cur) if any(any(v) for v in x_cur) else None
+        if not any(any(v) for v in x_cur):
+            return Step(replace(cand, forced=True, reason="no serving workers: start the optimum"), plan)
+        obj_cur = evaluate(problem, x_cur)
         if obj_cur is None:
             return Step(replace(cand, forced=True, reason="current configuration infeasible: forced switch"), plan)
         keep = decision_from(problem, x_cur, SolverProof("evaluated", float(obj_cur), float(obj_cur), 0.0, 0.0, "none"))
