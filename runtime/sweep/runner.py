@@ -32,7 +32,7 @@ SUMMARY_KEYS = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_sh
                "role_switches", "mode_switches", "starts", "stops", "lends", "preempted_instances", "decisions", "policy_failures")
 SIM_METRICS = (*SUMMARY_KEYS, "reconfigurations")
 ERROR = "__config_error__"
-PLAN_METRICS = ("decisions", "switches", "role_changes", "mode_switches", "joins", "leaves", "predicted_rollout_s",
+PLAN_METRICS = ("decisions", "switches", "role_changes", "mode_switches", "joins", "leaves", "reconfigurations", "predicted_rollout_s",
                 "predicted_trajectories_per_h", "solve_ms_p50", "solve_ms_p95", "optimal_fraction")
 
 
@@ -149,6 +149,7 @@ def plan_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours: fl
     return {
         "decisions": n, "switches": counts["role_changes"] + counts["mode_switches"], "role_changes": counts["role_changes"],
         "mode_switches": counts["mode_switches"], "joins": counts["joins"], "leaves": counts["leaves"],
+        "reconfigurations": counts["joins"] + counts["leaves"] + counts["role_changes"],
         "predicted_rollout_s": round(mean_s, 3),
         "predicted_trajectories_per_h": round(3600.0 * spec.workload.trajectories_per_batch / mean_s, 2) if mean_s > 0 else 0.0,
         "solve_ms_p50": round(float(np.percentile(solve_ms, 50)), 3), "solve_ms_p95": round(float(np.percentile(solve_ms, 95)), 3),

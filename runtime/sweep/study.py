@@ -23,7 +23,8 @@ LABELS = {"tokens_per_s": "tokens/s", "steps_per_h": "steps/h", "trajectories_pe
           "predicted_rollout_s": "predicted rollout s", "role_changes": "role changes", "solve_ms_p50": "solve ms p50"}
 SIM_TABLE = ("tokens_per_s", "steps_per_h", "trajectories_per_h", "rollout_share", "switches", "reconfigurations", "lends",
              "lost_trajectories", "late_returns")
-PLAN_TABLE = ("predicted_trajectories_per_h", "predicted_rollout_s", "switches", "role_changes", "joins", "leaves", "solve_ms_p50")
+PLAN_TABLE = ("predicted_trajectories_per_h", "predicted_rollout_s", "switches", "reconfigurations", "role_changes", "joins", "leaves",
+              "solve_ms_p50")
 
 
 @dataclass
