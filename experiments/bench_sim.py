@@ -1,7 +1,12 @@
 """Simulator speed: 24 h of a 256-GPU cluster under PEARL (configs/experiments/bench-256.yaml).
 
-Target: <= 60 s on one core. Writes results/bench_sim.json and prints a table.
-    python experiments/bench_sim.py [--hours 24] [--policy pearl] [--json]
+Target: <= 60 s on one core. Granularity: members of a GRPO group are simulated in cohorts
+of --cohort identical sequences (one engine request of that width; 1 = every trajectory on its
+own). The fidelity of that choice is checked in the same run: --check-hours of the same
+cluster at cohort 1 and at --cohort, same policy and seed; throughput and mean batch time
+must agree within 5%.
+Writes results/bench_sim.json and prints a table.
+    python experiments/bench_sim.py [--hours 24] [--policy pearl] [--cohort 4] [--json]
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs/experiments/bench-256.yaml"))
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--policy", default="pearl")
+    ap.add_argument("--cohort", type=int, default=4)
+    ap.add_argument("--check-hours", type=float, default=1.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "results/bench_sim.json"))
     args = ap.parse_args()
@@ -33,11 +40,22 @@ def main() -> None:
     gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    r = simulate(spec, args.policy, TraceFlags(), hours=args.hours)
+    r = simulate(spec, args.policy, TraceFlags(), hours=args.hours, cohort=args.cohort)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    check = {}
+    if args.check_hours > 0 and args.cohort > 1:
+        fine = simulate(spec, args.policy, TraceFlags(), hours=args.check_hours, cohort=1)
+        coarse = simulate(spec, args.policy, TraceFlags(), hours=args.check_hours, cohort=args.cohort)
+        dev_tok = (coarse.tokens_per_s / fine.tokens_per_s - 1) * 100
+        dev_batch = (coarse.mean_batch_s / fine.mean_batch_s - 1) * 100
+        check = {"granularity_check_hours": args.check_hours, "tokens_per_s_cohort1": round(fine.tokens_per_s, 1),
+                 f"tokens_per_s_cohort{args.cohort}": round(coarse.tokens_per_s, 1), "tokens_per_s_deviation_pct": round(dev_tok, 2),
+                 "mean_batch_s_cohort1": round(fine.mean_batch_s, 2), f"mean_batch_s_cohort{args.cohort}": round(coarse.mean_batch_s, 2),
+                 "mean_batch_deviation_pct": round(dev_batch, 2), "granularity_ok": abs(dev_tok) <= 5 and abs(dev_batch) <= 5,
+                 "events_cohort1_per_sim_h": round(fine.events / args.check_hours)}
     out = {
-        "config": Path(args.config).name, "policy": args.policy, "gpus": gpus, "simulated_hours": args.hours,
+        "config": Path(args.config).name, "policy": args.policy, "gpus": gpus, "simulated_hours": args.hours, "cohort": args.cohort,
         "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": r.events, "events_per_s": round(r.events / wall, 0),
         "target_wall_s": 60.0, "meets_target": wall <= 60.0, "decisions": r.decisions,
         "policy_wall_s": round(r.policy_wall_s, 2), "simulator_wall_s": round(wall - r.policy_wall_s, 2),
@@ -45,6 +63,7 @@ def main() -> None:
         "trajectories": r.finished, "steps": r.steps, "tokens_per_s": round(r.tokens_per_s, 1),
         "lost_trajectories": r.lost_trajectories, "late_returns": r.late_returns,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "load_avg_1m": round(os.getloadavg()[0], 2), **check,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -130,6 +130,7 @@ class Request:
     prefill_tokens: int
     prefix_tokens: int
     decode_tokens: int
+    width: int = 1  # identical sequences this request stands for (a cohort); token counts are per sequence
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class _Seq:
     total: int  # tokens this request decodes in all (first one may come from its prefill step)
     pre: int  # tokens generated before joining the decode batch
     reserve: float
+    width: int = 1
 
 
 @dataclass
@@ -188,6 +190,8 @@ class Engine:
     _finish: list = field(default_factory=list)  # heap of (finish_step, rid)
     _steps: int = 0
     _C: float = 0.0  # summed context of running sequences
+    _c: int = 0  # running sequences (a cohort request counts its width)
+    _adm_seqs: int = 0  # sequences of admitted requests still prefilling
     _kv: float = 0.0
     _admitted_prefill: int = 0
     # the current segment
@@ -265,6 +269,7 @@ class Engine:
         self._seqs.clear()
         self._finish.clear()
         self._C = self._kv = 0.0
+        self._c = self._adm_seqs = 0
         self._admitted_prefill = 0
         self._mixed = []
         self._kind, self._seg_end = "idle", math.inf
@@ -291,12 +296,12 @@ class Engine:
         self._kind, self._seg_end = "idle", math.inf
 
     def _seg_time(self, k: int) -> float:
-        c = len(self._seqs)
+        c = self._c
         return k * self._alpha + self._beta * (k * self._C + c * k * (k - 1) / 2.0)
 
     def _steps_by(self, dt: float) -> int:
         """Largest k with seg_time(k) <= dt."""
-        c = len(self._seqs)
+        c = self._c
         qa = self._beta * c / 2.0
         qb = self._alpha + self._beta * self._C - qa
         if qa <= 0:
@@ -311,7 +316,7 @@ class Engine:
 
     def _advance_decode(self, k: int) -> float:
         """Run k decode steps of the current segment; returns their duration."""
-        c = len(self._seqs)
+        c = self._c
         dt = self._seg_time(k)
         self.stats.busy_s += dt
         self.stats.steps += k
@@ -324,19 +329,21 @@ class Engine:
         while self._finish and self._finish[0][0] <= self._steps:
             _, rid = heapq.heappop(self._finish)
             s = self._seqs.pop(rid)
-            self._C -= s.ctx0 + (self._steps - s.start_step)
+            self._C -= s.width * (s.ctx0 + (self._steps - s.start_step))
+            self._c -= s.width
             self._kv -= s.reserve
             out.append(Output(rid, self.t, "decoded", s.total))
         if not self._seqs:
             self._C = 0.0
+            self._c = 0
 
     def _reserve_of(self, req: Request) -> float:
         if self.cfg.role == "prefill":
-            return float(req.prefix_tokens + req.prefill_tokens)
-        return float(req.prefix_tokens + req.prefill_tokens + req.decode_tokens)
+            return float(req.width * (req.prefix_tokens + req.prefill_tokens))
+        return float(req.width * (req.prefix_tokens + req.prefill_tokens + req.decode_tokens))
 
     def _can_admit(self, reserve: float) -> bool:
-        busy = len(self._seqs) + self._admitted_prefill
+        busy = self._c + self._adm_seqs
         if busy == 0:
             return True  # never deadlock: a lone oversized request runs anyway
         return busy < self.cfg.max_seqs and self._kv + reserve <= self.cfg.kv_capacity_tokens
@@ -353,37 +360,41 @@ class Engine:
             if self.cfg.role == "decode":
                 continue
             self._admitted_prefill += 1
+            self._adm_seqs += w.req.width
         if self.cfg.role == "decode":
             while self._waiting and self._waiting[0].admitted:
                 w = self._waiting.popleft()
                 r = w.req
-                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r))
+                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r), r.width)
 
-    def _join(self, rid: int, ctx: float, total: int, pre: int, reserve: float) -> None:
+    def _join(self, rid: int, ctx: float, total: int, pre: int, reserve: float, width: int = 1) -> None:
         left = total - pre
-        self._seqs[rid] = _Seq(rid, self._steps, ctx, total, pre, reserve)
-        self._C += ctx
+        self._seqs[rid] = _Seq(rid, self._steps, ctx, total, pre, reserve, width)
+        self._C += width * ctx
+        self._c += width
         heapq.heappush(self._finish, (self._steps + max(left, 0), rid))
 
     def _plan(self) -> None:
         self.t = max(self.t, self._hold)
         self._admit_waiting()
-        c = len(self._seqs)
+        c = self._c
         budget = self.cfg.max_batched_tokens - c
         batch: list[tuple[_Waiting, int]] = []
-        ptok = prefix = 0
+        ptok = prefix = nreq = 0
         if self._admitted_prefill:
             for w in self._waiting:
                 if not w.admitted or budget <= 0:
                     break
-                left = w.req.prefill_tokens - w.done
+                r = w.req
+                left = r.width * r.prefill_tokens - w.done
                 n = (left if left < budget else budget) if left > 0 else 0
                 batch.append((w, n))
                 budget -= n
                 ptok += n
-                prefix += w.req.prefix_tokens + w.done
+                prefix += r.width * r.prefix_tokens + w.done
+                nreq += r.width
         if batch:
-            dt = self.cost(float(ptok) if ptok > 1 else 1.0, float(len(batch)), float(prefix), float(c), self._C)
+            dt = self.cost(float(ptok) if ptok > 1 else 1.0, float(nreq), float(prefix), float(c), self._C)
             self._kind, self._mixed = "mixed", batch
             self._seg_t0, self._seg_end = self.t, self.t + dt
             return
@@ -397,7 +408,7 @@ class Engine:
 
     def _finish_mixed(self, out: list[Output]) -> None:
         dt = self._seg_end - self._seg_t0
-        c = len(self._seqs)
+        c = self._c
         self.stats.busy_s += dt
         self.stats.steps += 1
         self.stats.decode_tokens += c
@@ -407,11 +418,12 @@ class Engine:
         for w, n in self._mixed:
             w.done += n
             self.stats.prefill_tokens += n
-            if w.done < w.req.prefill_tokens:
+            r = w.req
+            if w.done < r.width * r.prefill_tokens:
                 continue
             self._waiting.remove(w)
             self._admitted_prefill -= 1
-            r = w.req
+            self._adm_seqs -= r.width
             if self.cfg.role == "prefill":
                 self._kv -= self._reserve_of(r)
                 out.append(Output(r.rid, self.t, "prefilled", 0))
@@ -420,7 +432,7 @@ class Engine:
                 out.append(Output(r.rid, self.t, "decoded", r.decode_tokens))
             else:
                 # the prefill step sampled the first token; decoding continues from the next step
-                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens + 1), r.decode_tokens, 1, self._reserve_of(r))
+                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens + 1), r.decode_tokens, 1, self._reserve_of(r), r.width)
         self._mixed = []
 
 

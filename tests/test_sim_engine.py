@@ -136,3 +136,23 @@ def test_evict_keeps_generated_prefix(step):
     ev = eng.evict_all(mid)
     assert len(ev) == 1 and 1 < ev[0].generated < 1000
     assert eng.idle() and eng.load() == 0
+
+
+@pytest.mark.parametrize("role", ["colocated", "decode"])
+def test_cohort_request_equals_its_identical_members(step, role):
+    """A request of width k finishes exactly when k identical requests submitted together do."""
+    def run(reqs):
+        eng = Engine(EngineConfig(step, role, kv_capacity_tokens=math.inf))
+        for r in reqs:
+            eng.submit(r, 0.0)
+        eng.submit(Request(99, 700, 2000, 50), 0.3)  # a bystander arriving mid-decode
+        done = {}
+        while not eng.idle():
+            for o in eng.on_event(eng.next_event()):
+                done[o.rid] = o.time
+        return done
+
+    single = run([Request(i, 900, 4000, 200) for i in range(4)])
+    cohort = run([Request(0, 900, 4000, 200, width=4)])
+    assert cohort[0] == pytest.approx(max(single[i] for i in range(4)), rel=1e-9)
+    assert cohort[99] == pytest.approx(single[99], rel=1e-9)

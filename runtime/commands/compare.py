@@ -13,7 +13,7 @@ from runtime.cli import app, user_errors
 CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns")
 
 
-def plot_comparison(results: dict, path: Path, title: str) -> None:
+def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) -> None:
     """Throughput over time (top) and GPUs per role over time for each policy (below)."""
     import matplotlib
 
@@ -45,9 +45,10 @@ def plot_comparison(results: dict, path: Path, title: str) -> None:
             stacks.append([sum(v for k, v in x["gpus"].items() if k.endswith(":" + role) and not (role == "training" and k == "training:training")) for x in s])
         ax.stackplot(ts, stacks, labels=[f"rollout {r_}" if r_ != "training" else "lent training GPUs" for r_ in roles], colors=[colors[r_] for r_ in roles], alpha=0.8)
         if r.elastic_series:
-            ex = [p[0] / 3600 for p in r.elastic_series]
-            ey = [p[1] for p in r.elastic_series]
-            ax.step(ex, ey, where="post", color="k", lw=1, label="elastic GPUs available")
+            ex = [p[0] / 3600 for p in r.elastic_series] + [ts[-1] if ts else 0.0]
+            ey = [p[1] + reserved for p in r.elastic_series]
+            ey.append(ey[-1])
+            ax.step(ex, ey, where="post", color="k", lw=1, label="reserved + elastic GPUs available")
         ax.set_ylabel(f"{name}\nGPUs")
         ax.legend(fontsize=7, loc="upper right", ncol=3)
     axes[-1].set_xlabel("simulated hours")
@@ -89,7 +90,7 @@ def compare(
         with prog:
             results[name] = run_sim(spec, name, flags, hours=h, seed=seed, progress=update, models=models)
     if plot is not None:
-        plot_comparison(results, plot, f"{spec.name}: {spec.model_name}, {h:g} h")
+        plot_comparison(results, plot, f"{spec.name}: {spec.model_name}, {h:g} h", reserved=spec.cluster.gpus_in_pool("rollout"))
     if as_json:
         out = {"policies": {n: {k: r.summary()[k] for k in CONTRACT} for n, r in results.items()}, "hours": h, "seed": next(iter(results.values())).seed}
         if plot is not None:

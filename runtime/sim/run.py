@@ -88,12 +88,13 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     models: ExperimentModels | None = None,
     sample_s: float = 60.0,
+    cohort: int = 1,
 ) -> SimResult:
     hours = hours or flags.hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     models = models or build_models(spec)
     pol = make_policy(policy or spec.policy.name, models)
     avail = load_availability(spec, flags, hours)
     t0 = time.perf_counter()
-    result = Simulator(models, pol, avail, hours=hours, seed=seed, progress=progress, sample_s=sample_s).run()
+    result = Simulator(models, pol, avail, hours=hours, seed=seed, progress=progress, sample_s=sample_s, cohort=cohort).run()
     result.wall_s = time.perf_counter() - t0
     return result

@@ -76,10 +76,10 @@ class Instance:
 
 
 class Traj:
-    __slots__ = ("tid", "batch", "plan", "turn", "ctx", "g", "home", "dhome", "where", "inst")
+    __slots__ = ("tid", "batch", "plan", "turn", "ctx", "g", "home", "dhome", "where", "inst", "width")
 
-    def __init__(self, tid: int, batch: int, plan: TrajectoryPlan) -> None:
-        self.tid, self.batch, self.plan = tid, batch, plan
+    def __init__(self, tid: int, batch: int, plan: TrajectoryPlan, width: int = 1) -> None:
+        self.tid, self.batch, self.plan, self.width = tid, batch, plan, width
         self.turn, self.ctx, self.g = 0, 0, 0
         self.home: tuple[int, int] | None = None  # (iid, gen) caching this trajectory's prefix
         self.dhome: tuple[int, int] | None = None  # decode instance holding its KV (PD)
@@ -93,6 +93,7 @@ class Batch:
     tids: list[int]
     launched_at: float
     tokens: int
+    size: int  # trajectories (a cohort counts its width)
     done: int = 0
     done_at: float | None = None
 
@@ -110,6 +111,7 @@ class Simulator:
         progress: Callable[[float], None] | None = None,
         memory_utilization: float = 0.9,
         rollout_only: bool = False,
+        cohort: int = 1,
     ) -> None:
         spec = models.spec
         self.m, self.spec, self.policy = models, spec, policy
@@ -126,6 +128,13 @@ class Simulator:
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
         self.B = spec.workload.trajectories_per_batch
+        # Granularity: a cohort is `cohort` members of one GRPO group simulated as identical
+        # sequences (one request of that width). 1 = every trajectory on its own.
+        if cohort < 1 or spec.workload.group_size % cohort:
+            from models.config import ConfigError
+
+            raise ConfigError(spec.source, "cohort", cohort, f"a divisor of group_size ({spec.workload.group_size})")
+        self.cohort = cohort
         self.staleness = spec.training.staleness
         train_groups = [g for g in spec.cluster.nodes if g.pool == "training"]
         self.train_gpu = spec.gpu(train_groups[0].gpu) if train_groups else spec.gpu(models.rollout_gpu)
@@ -240,15 +249,16 @@ class Simulator:
     def _launch_admissible(self) -> None:
         while len(self.batches) <= self.version + self.staleness:
             j = len(self.batches)
-            plans = self.sampler.sample(self.B)
+            k = self.cohort
+            plans = self.sampler.sample(self.B // k)
             tids = []
             for p in plans:
                 tid = len(self.trajs)
-                tr = Traj(tid, j, p)
+                tr = Traj(tid, j, p, k)
                 self.trajs[tid] = tr
                 tids.append(tid)
-            self.batches.append(Batch(j, tids, self.now, sum(p.total_tokens() for p in plans)))
-            self.r.launched += len(tids)
+            self.batches.append(Batch(j, tids, self.now, k * sum(p.total_tokens() for p in plans), self.B))
+            self.r.launched += self.B
             for tid in tids:
                 self._dispatch(self.trajs[tid])
 
@@ -285,7 +295,7 @@ class Simulator:
         new = tr.plan.new_tokens[k] + tr.g
         cached = tr.home is not None and tr.home == (inst.iid, inst.gen)
         prefix, fill = (tr.ctx, new) if cached else (0, tr.ctx + new)
-        return Request(tr.tid, fill, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0)
+        return Request(tr.tid, fill, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
 
     def _dispatch(self, tr: Traj) -> None:
         path = None if self.now < self.paused_until else self._path(tr)
@@ -313,7 +323,7 @@ class Simulator:
         same = tr.dhome is not None and tr.dhome == (d.iid, d.gen)
         tokens = new if same else tr.ctx + new
         tr.where, tr.inst = "kv", d.iid
-        self._push(self.now + tokens * self.kv_bytes / self.link_bps, E_KV, tr.tid, d.gen * 1_000_000 + d.iid)
+        self._push(self.now + tr.width * tokens * self.kv_bytes / self.link_bps, E_KV, tr.tid, d.gen * 1_000_000 + d.iid)
 
     def _kv_arrived(self, tr: Traj, key: int) -> None:
         iid, gen = key % 1_000_000, key // 1_000_000
@@ -326,13 +336,13 @@ class Simulator:
         new = tr.plan.new_tokens[k] + tr.g
         tr.dhome = (d.iid, d.gen)
         tr.where = "engine"
-        d.engine.submit(Request(tr.tid, new, tr.ctx, max(tr.plan.response_tokens[k] - tr.g, 1)), self.now)  # type: ignore[union-attr]
+        d.engine.submit(Request(tr.tid, new, tr.ctx, max(tr.plan.response_tokens[k] - tr.g, 1), tr.width), self.now)  # type: ignore[union-attr]
         self._touch(d)
 
     def _turn_done(self, tr: Traj) -> None:
         k = tr.turn
         p = tr.plan
-        self.r.generated_tokens += p.response_tokens[k]
+        self.r.generated_tokens += p.response_tokens[k] * tr.width
         tr.ctx += p.new_tokens[k] + p.response_tokens[k]
         tr.g = 0
         tr.turn += 1
@@ -344,10 +354,10 @@ class Simulator:
             self._dispatch(tr)
             return
         tr.where = "done"
-        self.r.finished += 1
+        self.r.finished += tr.width
         b = self.batches[tr.batch]
-        b.done += 1
-        if b.done == len(b.tids):
+        b.done += tr.width
+        if b.done == b.size:
             b.done_at = self.now
             self.batch_durations.append(self.now - b.launched_at)
             self.r.batch_times_s.append(round(self.now - b.launched_at, 3))
@@ -483,7 +493,7 @@ class Simulator:
         insts = tuple(InstanceView(i.iid, i.nid, len(i.slots), i.role, i.state, i.pool, i.pool == "training", i.slots) for i in self.instances.values())
         j = self.next_step
         b = self.batches[j] if j < len(self.batches) else None
-        unfinished = (len(b.tids) - b.done) if b is not None else self.B
+        unfinished = (b.size - b.done) if b is not None else self.B
         tokens = b.tokens if b is not None else self.B * 20000
         t_train = training_step_s(self.spec.model, self.train_gpu, self.train_gpus, tokens, self.spec.training.mfu, self.spec.training.optimizer_overhead_s)
         nxt = None
@@ -648,7 +658,7 @@ class Simulator:
                 continue
             elif tr.where == "queued" and tr.tid not in self.pending:
                 continue
-            in_flight += 1
+            in_flight += tr.width
         self.r.in_flight = in_flight
         self.r.lost_trajectories = self.r.launched - self.r.finished - in_flight
         self.r.events = n_events
