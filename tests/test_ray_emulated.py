@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,9 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "late_returns", "decisions", "solve_ms_p95"}
     assert out["steps"] == 3 and out["weight_version"] == 3
-    assert out["lost_trajectories"] == 0 and out["late_returns"] == 0
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    trouble = [r for r in recs if r["record"] in ("trajectory_lost", "expansion_cancelled", "start_failed")]
+    assert out["lost_trajectories"] == 0 and out["late_returns"] == 0, (out, trouble[:5])
     setup = next(r for r in recs if r["record"] == "setup")
     assert len(setup["slots"]) == 32
     decisions = [r for r in recs if r["record"] == "decision"]
@@ -44,6 +46,13 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     # every rollout step logs measured vs predicted time (the tracker refits from it)
     steps = [r for r in recs if r["record"] == "rollout_step"]
     assert len(steps) == 3 and all(r["rollout_s"] > 0 and r["predicted_s"] > 0 for r in steps)
+    # elastic GPUs vanish (12 -> 0) and return: each change is an availability decision
+    assert [r["elastic"] for r in recs if r["record"] == "availability"] == [0, 12]
+    # borrowed training GPUs are handed back before every training step
+    for i, d in enumerate(decisions):
+        if d["lent_gpus"] > 0:
+            later = [x for x in decisions[i + 1 :] if x["event"] == "training_begin"]
+            assert not later or later[0]["lent_gpus"] == 0
     pushes = [r for r in recs if r["record"] == "weights_pushed"]
     assert [p["version"] for p in pushes] == [1, 2, 3] and all(p["errors"] == 0 for p in pushes)
 
@@ -60,3 +69,21 @@ def test_train_bad_model_path_is_one_clear_error(config_tree):
 def test_train_bad_backend_flag():
     proc = run_pearl("train", "--config", "configs/experiments/train-cpu-tiny.yaml", "--backend", "tpu")
     assert proc.returncode == 2 and "backend" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_train_engine_start_failure_is_one_clear_error(config_tree, tmp_path):
+    """A model directory vLLM cannot load: the run stops with one line naming the engine failure."""
+    bad = tmp_path / "broken-model"
+    shutil.copytree(ROOT / "artifacts/models/tiny", bad)
+    cfg_json = json.loads((bad / "config.json").read_text())
+    cfg_json["architectures"] = ["NoSuchModelForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg_json))
+    cfg = config_tree / "experiments" / "train-cpu-tiny.yaml"
+    cfg.write_text(cfg.read_text().replace("model_path: artifacts/models/tiny", f"model_path: {bad}"))
+    proc = run_pearl("train", "--config", str(cfg), "--steps", "1", "--metrics", str(tmp_path / "m.jsonl"), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("pearl: error:")]
+    assert len(errors) == 1 and "failed to start" in errors[0] and "broken-model" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -78,6 +78,7 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     min_version: int = 1 << 30
+    max_version: int = -1  # > min_version: weights changed under it (in-flight update)
     turns: int = 0
     prompt_len: int = 0
     new_tokens: list[int] = field(default_factory=list)
@@ -273,7 +274,12 @@ class Controller:
         async with self.lock:
             state = self.cluster_state()
             now = self.now()
-            step = self.policy.decide(state, self.inputs, now, event)
+            try:
+                step = self.policy.decide(state, self.inputs, now, event)
+            except Exception as exc:  # no feasible plan (e.g. nothing available): keep what runs, say why
+                self.metrics.write("decision_failed", event=event, at_s=round(now, 3), error=f"{type(exc).__name__}: {exc}")
+                self.log(f"decision[{event}] failed: {exc}; keeping the current configuration")
+                return
             d = step.decision
             extras = {k: (round(float(v), 4) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in d.extras.items() if k != "event"}
             rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
@@ -488,6 +494,7 @@ class Controller:
         got: list[int] = []
         lps: list[float] = []
         version = 1 << 30
+        newest = -1
         while len(got) < max_tokens:
             first, second = await self._route(t)
             assert first is not None
@@ -516,6 +523,8 @@ class Controller:
             lps.extend(res.logprobs)
             if res.token_ids:
                 version = min(version, res.weight_version)
+                newest = max(newest, res.weight_version)
+                t.max_version = max(t.max_version, newest)
             if res.finish_reason == "abort":
                 self.resumed_turns += 1
                 t.resumes += 1
@@ -549,7 +558,7 @@ class Controller:
             t.tokens += obs
             t.mask += [0] * len(obs)
         t.env_s = t.env_s * self.scale
-        self.metrics.write("trajectory", id=t.id, batch=t.batch, turns=t.turns, tokens=len(t.tokens), reward=t.reward, resumes=t.resumes, seconds=round(time.monotonic() - t0, 3))
+        self.metrics.write("trajectory", id=t.id, batch=t.batch, turns=t.turns, tokens=len(t.tokens), reward=t.reward, resumes=t.resumes, min_version=t.min_version, max_version=t.max_version, seconds=round(time.monotonic() - t0, 3))
         return t
 
     # ------------------------------------------------------------------ the loops
