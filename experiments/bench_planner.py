@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the rows as one JSON object on stdout")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]
     spec = load_experiment(args.config)
     models = build_models(spec)
     rows = []
@@ -138,7 +139,7 @@ def main() -> None:
     for r in rows:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": "shared 2-core VM", "load_average_1m_at_end": os.getloadavg()[0], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default}
+    meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     from rich.console import Console
     from rich.table import Table
