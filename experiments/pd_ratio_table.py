@@ -76,7 +76,18 @@ def main() -> None:
     for r in rows:
         lines.append("| " + " | ".join(str(x) for x in r) + " |")
     matches = sum(1 for r in rows if r[4] == r[2])
-    lines += ["", f"Our disaggregated choice equals the paper's selection in {matches} of {len(rows)} cells."]
+    pre, dec = inputs.prefill.seconds, inputs.decode.seconds
+    lines += [
+        "",
+        f"Our disaggregated choice equals the paper's selection in {matches} of {len(rows)} cells.",
+        "",
+        f"Why: our predictor (models/predictor.py with this profile) puts the prefill path far below the decode path: "
+        f"prefill path {pre[1]:.1f} s with 1 instance and {pre[2]:.1f} s with 2, decode path {dec[4]:.1f} s with 4 instances and "
+        f"{dec[8]:.1f} s with 8; completion is max(prefill, decode), so every extra instance goes to decode and one prefill "
+        "instance suffices. The paper's larger prefill shares reflect its measured SWE-bench prefill load, which our "
+        "datasheet-derived profile and workload do not reproduce; the planner itself returns the exact optimum of the "
+        "predictor it is given (proof column).",
+    ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
