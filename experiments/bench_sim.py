@@ -1,6 +1,8 @@
 """Simulator speed: 24 h of a 256-GPU cluster under PEARL (configs/experiments/bench-256.yaml).
 
-Target: <= 60 s on one core. Granularity: members of a GRPO group are simulated in cohorts
+Target: <= 60 s on one core. Reported twice: process CPU time (all threads, i.e. what one
+core would spend; robust to other load on a shared machine) and wall time (with the 1-minute
+load average beside it). Granularity: members of a GRPO group are simulated in cohorts
 of --cohort identical sequences (one engine request of that width; 1 = every trajectory on its
 own). The fidelity of that choice is checked in the same run: --check-hours of the same
 cluster at cohort 1 and at --cohort, same policy and seed; throughput and mean batch time
@@ -57,7 +59,7 @@ def main() -> None:
     out = {
         "config": Path(args.config).name, "policy": args.policy, "gpus": gpus, "simulated_hours": args.hours, "cohort": args.cohort,
         "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": r.events, "events_per_s": round(r.events / wall, 0),
-        "target_wall_s": 60.0, "meets_target": wall <= 60.0, "decisions": r.decisions,
+        "target_s": 60.0, "meets_target_cpu": cpu <= 60.0, "meets_target_wall": wall <= 60.0, "decisions": r.decisions,
         "policy_wall_s": round(r.policy_wall_s, 2), "simulator_wall_s": round(wall - r.policy_wall_s, 2),
         "simulator_events_per_s": round(r.events / max(wall - r.policy_wall_s, 1e-9), 0), "policy_failures": r.policy_failures,
         "trajectories": r.finished, "steps": r.steps, "tokens_per_s": round(r.tokens_per_s, 1),

@@ -61,12 +61,19 @@ def main() -> None:
     gain = lambda a, b: (a.tokens_per_s / b.tokens_per_s - 1.0) * 100.0  # noqa: E731
 
     with Progress(console=console, transient=True) as prog:
-        task = prog.add_task("paper table", total=9)
+        task = prog.add_task("paper table", total=10)
         # 1-2: motivation (synchronous steps, fixed colocated layouts on 16 / 24 / 32 rollout GPUs)
         mot = {n: run("paper-8b-motivation", f"fixed:colocated:{n // 2}:0:0") for n in (16, 24, 32)}
         share = mot[16].mean_batch_s / (mot[16].mean_batch_s + float(np.mean(mot[16].train_times_s)))
         add("rollout share of end-to-end time", "81.8%", share * 100, "%", "paper-8b-motivation: 8B, 8 train + 16 rollout GPUs (8 TP2 colocated), staleness 0", 81.8,
             f"mean rollout batch {mot[16].mean_batch_s:.0f} s vs training step {np.mean(mot[16].train_times_s):.0f} s", signed=False)
+        t_train = float(np.mean(mot[16].train_times_s))
+        add("rollout time / training time", "4.5-5.7x", f"{mot[16].mean_batch_s / t_train:.1f}x", "", "paper-8b-motivation, 16 rollout GPUs",
+            note="the regime: how far rollout dominates")
+        m_mot = build_models(load_experiment(EXP / "paper-8b-motivation.yaml"))
+        ideal = m_mot.predictor.colocated(64).completion_s
+        add("ideal unlimited scale-out: rollout vs training", "216.3 s vs 163.8 s", f"{ideal:.0f} s vs {t_train:.0f} s", "", "paper-8b-motivation (predictor, 64 TP2 instances; models.training)",
+            note="our rollout sits near its critical path already at 16 GPUs, hence the small scaling gains below")
         cut24 = (1 - mot[24].mean_batch_s / mot[16].mean_batch_s) * 100
         cut32 = (1 - mot[32].mean_batch_s / mot[24].mean_batch_s) * 100
         add("rollout time cut 16 -> 24 rollout GPUs", "10.3%", cut24, "%", "paper-8b-motivation, 12 TP2 colocated", 10.3)
@@ -136,6 +143,21 @@ def main() -> None:
                 p = runs[f"default|pearl|{off}"]
                 diffs.append((p["tokens_per_s"] / a.tokens_per_s - 1) * 100)
             add(f"ours: PEARL vs {abl} ({what}), 8B", "-", float(np.mean(diffs)), "%", "default, mean of the 3 Bamboo segments", note=", ".join(f"{d:+.1f}%" for d in diffs))
+        prog.advance(task)
+
+
+        # 8b: sensitivity: the main 8B comparison where rollout is capacity-bound (batch 128)
+        base8 = load_experiment(EXP / "default.yaml")
+        big = base8.model_copy(update={"workload": base8.workload.model_copy(update={"trajectories_per_batch": 128})})
+        vs_roll, vs_rlb = [], []
+        for seg, off in SEGMENTS:
+            p = run("default", "pearl", off, spec=big, key=f"default-b128|pearl|{off}")
+            q = run("default", "roll", off, spec=big, key=f"default-b128|roll|{off}")
+            w = run("default", "rlboost+", off, spec=big, key=f"default-b128|rlboost+|{off}")
+            vs_roll.append(p.tokens_per_s / q.tokens_per_s)
+            vs_rlb.append(gain(p, w))
+        add("sensitivity: PEARL vs ROLL 8B at batch 128", "2.17-2.37x (batch 64)", f"{min(vs_roll):.2f}-{max(vs_roll):.2f}x", "", "default with trajectories_per_batch 128, 3 Bamboo segments")
+        add("sensitivity: PEARL vs RLBoost+ 8B at batch 128, segments 1/2/3", "+5.9 / +26.9 / +10.6% (batch 64)", " / ".join(f"{g:+.1f}%" for g in vs_rlb), "", "default with trajectories_per_batch 128")
         prog.advance(task)
 
         # 9: the same comparison on a longer SkyPilot trace

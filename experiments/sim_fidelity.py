@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def replay(spec, mode: str, batch: int, env_s: float, profile=None) -> tuple[float, float]:
+def replay(spec, mode: str, batch: int, env_s: float, profile=None, max_batched_tokens: int = 8192) -> tuple[float, float]:
     """(simulated mean batch completion, predicted completion) for one workload point."""
     from models.builder import build_models
     from models.config import Distribution
@@ -35,7 +35,7 @@ def replay(spec, mode: str, batch: int, env_s: float, profile=None) -> tuple[flo
     else:
         lay, pred = Layout("disaggregated", prefill=1, decode=1), m.predictor.disaggregated(1, 1).completion_s
     hours = max(pred * 12, 30.0) / 3600.0
-    r = Simulator(m, FixedLayout(lay, tp), None, hours=hours, rollout_only=True).run()
+    r = Simulator(m, FixedLayout(lay, tp), None, hours=hours, rollout_only=True, max_batched_tokens=max_batched_tokens).run()
     bt = np.array(r.batch_times_s)
     return float(bt.mean()), float(pred)
 
@@ -55,10 +55,12 @@ def main() -> None:
     points = []
     measured_path = Path(args.measured)
     source = "grid (no real measurements found)"
+    budget = 8192
     if measured_path.exists():
         data = json.loads(measured_path.read_text())
         source = str(measured_path.relative_to(ROOT)) if measured_path.is_relative_to(ROOT) else str(measured_path)
-        for row in data.get("rows", []):
+        budget = int(data.get("engine_settings", {}).get("max_num_batched_tokens", budget))
+        for row in data.get("rows") or data.get("runs") or []:
             points.append((row["mode"], int(row["batch"]), float(row["env_s"]), float(row["measured"]["completion_s"])))
     if not points:
         for mode in ("colocated", "disaggregated"):
@@ -67,7 +69,7 @@ def main() -> None:
                     points.append((mode, b, e, None))
     rows = []
     for mode, b, e, meas in points:
-        sim, pred = replay(spec, mode, b, e)
+        sim, pred = replay(spec, mode, b, e, max_batched_tokens=budget)
         row = {"mode": mode, "batch": b, "env_s": e, "simulated_s": round(sim, 4), "predicted_s": round(pred, 4),
                "sim_vs_predictor_pct": round((sim - pred) / pred * 100, 2)}
         if meas is not None:

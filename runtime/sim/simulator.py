@@ -112,6 +112,7 @@ class Simulator:
         memory_utilization: float = 0.9,
         rollout_only: bool = False,
         cohort: int = 1,
+        max_batched_tokens: int = 8192,
     ) -> None:
         spec = models.spec
         self.m, self.spec, self.policy = models, spec, policy
@@ -124,7 +125,7 @@ class Simulator:
         self.rollout_only = rollout_only  # replays of rollout batches: training and sync take no time
         self.costs = models.costs
         self.tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
-        self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization) for r in ROLES}  # type: ignore[arg-type]
+        self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization, max_batched_tokens=max_batched_tokens) for r in ROLES}  # type: ignore[arg-type]
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
         self.B = spec.workload.trajectories_per_batch
