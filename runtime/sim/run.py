@@ -70,6 +70,7 @@ def load_availability(spec: ExperimentSpec, flags: TraceFlags, hours: float):
     update: dict = {}
     if flags.path is not None:
         update["path"] = str(Path(flags.path).resolve())
+        update["format"] = "auto"  # another file: detect its format; the GPU mapping stays the config's
     if flags.offset_hours is not None:
         update["offset_hours"] = flags.offset_hours
     update["hours"] = hours
