@@ -29,7 +29,10 @@ def _pearl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list, Path]:
     assert (TINY / "config.json").is_file(), "tiny model missing: run `make model` (scripts/make_tiny_model.py)"
     out = tmp_path_factory.mktemp("profile") / "samples.jsonl"
-    res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32")
+    res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32",
+                 # One pinned core, timed by the engine thread's CPU time, 5 passes: robust to other
+                 # processes on a shared CI machine (see `pearl profile --help`).
+                 "--cpu-bind", "0", "--clock", "thread", "--repeats", "5")
     assert res.returncode == 0, res.stderr[-3000:]
     header, samples = read_samples(out)
     return header, samples, out
@@ -40,6 +43,7 @@ def test_profile_writes_real_step_timings(profiled) -> None:
     header, samples, _ = profiled
     assert header["model"] == "tiny" and header["hardware"] == "cpu" and header["tp"] == 1
     assert header["machine_detail"]["vllm"] and header["grid"]["name"] == "tiny" and header["date"]
+    assert header["engine"]["clock"] == "thread" and header["grid"]["repeats"] == 5
     prefill = [s for s in samples if s.kind == "prefill"]
     decode = [s for s in samples if s.kind == "decode"]
     assert len(prefill) == len(decode) == header["grid"]["points"] == 8
@@ -47,17 +51,19 @@ def test_profile_writes_real_step_timings(profiled) -> None:
     # Cached context really was a prefix-cache hit (the profiler checks num_cached_tokens).
     assert {s.prefill_prefix_tokens for s in prefill} == {0.0, 64.0, 256.0}
 
-    def t(kind: str, n: float, l: float, c: float) -> float:
-        [s] = [s for s in samples if s.kind == kind and (s.prefill_requests or s.decode_seqs) == n
-               and (s.prefill_tokens == n * l if kind == "prefill" else s.decode_context_tokens == n * (c + l + 2.5))
-               and (kind == "decode" or s.prefill_prefix_tokens == n * c)]
+    def prefill_s(n: float, l: float, c: float) -> float:
+        [s] = [s for s in prefill if s.prefill_requests == n and s.prefill_tokens == n * l and s.prefill_prefix_tokens == n * c]
         return s.seconds
 
-    # More work per step takes longer: 4x the prompt tokens, and 4x the batch at 128 tokens/request.
-    for n, c in ((1, 0), (4, 0), (4, 64)):
-        assert t("prefill", n, 128, c) > t("prefill", n, 32, c)
-    assert t("prefill", 4, 128, 0) > t("prefill", 1, 128, 0)
-    assert t("decode", 4, 128, 64) > t("decode", 1, 32, 0)
+    # More work per step takes longer: 4x the new tokens per request, and 4x the requests.
+    for n in (1, 4):
+        for c in (0, 64):
+            assert prefill_s(n, 128, c) > prefill_s(n, 32, c), (n, c)
+    for c in (0, 64):
+        assert prefill_s(4, 128, c) > prefill_s(1, 128, c), c
+    # Decoding 4 sequences takes longer than decoding 1 (mean over the grid's contexts).
+    by_seqs = {n: sum(s.seconds for s in decode if s.decode_seqs == n) / 4 for n in (1, 4)}
+    assert by_seqs[4] > by_seqs[1]
 
 
 @pytest.mark.vllm
@@ -73,8 +79,8 @@ def test_fit_on_profiled_samples_writes_loadable_profile(profiled, tmp_path: Pat
     for kind in ("prefill", "decode"):
         assert report["n_holdout"][kind] >= 1
         assert report["train_mape_pct"][kind] >= 0
-        # A fixed per-step cost is always there on a real engine.
-        assert prof.coefficients(kind).fixed > 0
+        # Every real step costs something, even the smallest one.
+        assert prof.coefficients(kind).vector().sum() > 0
 
 
 def test_missing_model_dir_is_one_clear_error(tmp_path: Path) -> None:
