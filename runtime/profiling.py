@@ -15,7 +15,12 @@ How a point (n requests, L new prompt tokens, C cached context tokens) is measur
 
 Stepping the engine ourselves measures whole engine steps (schedule + forward + sample
 + output processing) without guessing from end-to-end request times. Requests are sent
-as token ids with detokenize=False, like an RL rollout does.
+as token ids with detokenize=False, like an RL rollout does. The engine runs in our
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a step pays no IPC; a served engine
+(AsyncLLM, engine core in its own process) adds that, which experiments/
+validate_predictor.py measures. Context lengths should be multiples of the block size
+(only full blocks are cached). Shapes whose prefill exceeds the engine's token budget
+(max_num_batched_tokens) are skipped: the engine would chunk them into several steps.
 
 Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
   line 1: {"header": {
