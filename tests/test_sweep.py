@@ -13,7 +13,7 @@ from runtime.sweep.keys import apply_overrides, numeric_keys, parse_sets
 from runtime.sweep.report import pareto_front
 from runtime.sweep.study import run_study
 
-from conftest import CONFIGS
+from conftest import CONFIGS, REPO_ROOT
 
 CONFIG = CONFIGS / "experiments" / "default.yaml"
 HOURS = 0.2  # simulated hours per point: a few seconds each on this machine
@@ -128,3 +128,18 @@ def test_cli_runs_in_parallel_writes_outputs_and_resumes(pearl, tmp_path):
     again = json.loads(pearl(*args).stdout)
     assert (again["computed"], again["cached"]) == (0, 2)
     assert Path(tmp_path / "out" / "sweep.md").read_text().count("\n| ") >= 3
+
+
+def test_planner_only_runs_the_plan_loop_on_a_trace_given_by_flag(spec, sim_calls, tmp_path):
+    """--trace names a SkyPilot JSON under a config whose trace section is bamboo-count: read with its own format."""
+    from runtime.sim.run import TraceFlags
+
+    sky = REPO_ROOT.parent / "shared/data/spot-traces/availability/16-node/aws-08-27-2023/us-west-2a_v100_1.json"  # as the configs name it
+    sets = parse_sets(["costs.transition_weight=0,16"], spec)
+    res = run_study(spec, sets, flags=TraceFlags(str(sky), 126.0), hours=2.0, jobs=1, planner_only=True, cache_dir=tmp_path,
+                    show_progress=False)
+    assert sim_calls == []  # the planner alone, no simulator
+    free, heavy = res.run.records
+    assert free["decisions"] == heavy["decisions"] > 1  # same availability changes in the window
+    assert heavy["reconfigurations"] < free["reconfigurations"]  # the weight reaches the planner's objective
+    assert heavy["predicted_trajectories_per_h"] <= free["predicted_trajectories_per_h"]

@@ -30,7 +30,8 @@ CODE_FILES = ("runtime/traces.py", "runtime/sweep/runner.py")
 # What `pearl compare --json` reports per policy, plus the churn counters a sensitivity study needs.
 SUMMARY_KEYS = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns",
                "role_switches", "mode_switches", "starts", "stops", "lends", "preempted_instances", "decisions", "policy_failures")
-SIM_METRICS = (*SUMMARY_KEYS, "reconfigurations")
+SIM_METRICS = (*SUMMARY_KEYS, "reconfigurations", "elastic_gpus_serving", "lent_gpus_serving", "gate_mode_switches", "gate_ratio_changes",
+               "gate_scale_changes", "gated")
 ERROR = "__config_error__"
 PLAN_METRICS = ("decisions", "switches", "role_changes", "mode_switches", "joins", "leaves", "reconfigurations", "predicted_rollout_s",
                 "predicted_trajectories_per_h", "solve_ms_p50", "solve_ms_p95", "optimal_fraction")
@@ -90,7 +91,34 @@ def simulate_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours
     s = r.summary()
     # every engine-level action the policy caused: starts (lends included), stops, role changes
     reconf = s["starts"] + s["stops"] + s["role_switches"]
-    return {**{k: s[k] for k in SUMMARY_KEYS}, "reconfigurations": reconf, "wall_s": round(r.wall_s, 3)}
+    # mean GPUs serving rollout per pool (transitioning ones excluded): where the capacity came from
+    gpus = r.utilization().get("mean_gpus", {})
+    serving = {pool: round(sum(v for k, v in gpus.items() if k.startswith(pool + ":") and k.split(":")[1] in ("colocated", "prefill", "decode")), 3)
+               for pool in ("elastic", "training")}
+    return {**{k: s[k] for k in SUMMARY_KEYS}, "reconfigurations": reconf, "elastic_gpus_serving": serving["elastic"],
+            "lent_gpus_serving": serving["training"], **gate_counts(r.decision_log), "wall_s": round(r.wall_s, 3)}
+
+
+GATE_KINDS = {"mode switch": "gate_mode_switches", "ratio change": "gate_ratio_changes", "scale change": "gate_scale_changes"}
+
+
+def gate_counts(decision_log: list) -> dict[str, int]:
+    """How often the policy's hysteresis gate saw each kind of change, and how often it held one back.
+
+    Read from the decision reasons planner.policies.PearlPolicy writes ("<kind>: gain ..." when
+    applied, "gated <kind>: ..." when held back): the margins only act on mode switches
+    (mode_switch_margin) and ratio changes (ratio_change_margin).
+    """
+    out = dict.fromkeys(GATE_KINDS.values(), 0)
+    out["gated"] = 0
+    for entry in decision_log:
+        reason = str(entry[3].get("reason", "")) if len(entry) > 3 and isinstance(entry[3], dict) else ""
+        held = reason.startswith("gated ")
+        kind = reason.removeprefix("gated ").split(":")[0]
+        if kind in GATE_KINDS:
+            out[GATE_KINDS[kind]] += 1
+            out["gated"] += held
+    return out
 
 
 def plan_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours: float, seed: int) -> dict[str, Any]:
