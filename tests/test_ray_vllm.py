@@ -2,11 +2,11 @@
 
 One controller runs `configs/experiments/train-cpu-scenario.yaml` (two engine slots: one
 reserved, one elastic) so engines are started once for the whole module:
-  steps 0-1  GRPO training with the planner in the loop; during batch 1 a rollout worker
-             is killed (ray.kill) with requests in flight;
+  steps 0-1  GRPO training with the planner in the loop;
   step 2     policy switches to forced disaggregation -> prefill/decode engines with the
              ExampleConnector; a probe checks the KV really travels P -> D;
-  step 3     back to pearl -> colocated;
+  step 3     back to pearl -> two colocated engines; one is killed (ray.kill) with requests
+             in flight: they finish on the other one, and the slot gets a new worker;
   steps 4-5  the elastic slot leaves 1 s into batch 4 and comes back at batch 5.
 """
 
@@ -44,13 +44,14 @@ def scenario(tmp_path_factory):
     async def killer() -> None:
         import ray
 
-        while ctl.current_batch < 1:
+        while ctl.current_batch < 3:  # batch 3 runs two colocated engines: survivors take over
             await asyncio.sleep(0.1)
         while True:
-            busy = [r for r in ctl.rec.values() if r.status == "active" and r.load > 0 and r.actor is not None]
-            if busy:
+            active = [r for r in ctl.rec.values() if r.status == "active" and r.actor is not None]
+            busy = [r for r in active if r.load > 0]
+            if len(active) >= 2 and busy:
                 victim = max(busy, key=lambda r: r.load)
-                out["killed"] = (victim.worker_id, victim.load)
+                out["killed"] = (victim.worker_id, victim.load, [r.worker_id for r in active if r is not victim])
                 ray.kill(victim.actor)
                 return
             await asyncio.sleep(0.05)
@@ -103,6 +104,8 @@ def test_training_steps_advance_weights_on_every_worker(scenario):
 def test_killed_worker_loses_no_trajectory(scenario):
     s = scenario["summary"]
     assert scenario["killed"] is not None, "the killer never found a busy worker"
+    victim, in_flight, survivors = scenario["killed"]
+    assert in_flight >= 1 and survivors, scenario["killed"]
     assert s.lost_trajectories == 0
     assert s.resumed_turns >= 1
     assert _records(scenario, "worker_died")
