@@ -22,19 +22,6 @@ def worker_id(iid: int) -> str:
     return f"i{iid}"
 
 
-def _with_drain_cost(inputs: object) -> object:
-    """Shim: planner.transition.build_plan reads `costs.drain_s`, which ActionCosts (planner.inputs)
-    names `stop_s` at the commit this was written against. Remove once the planner agrees."""
-    from dataclasses import make_dataclass, replace
-
-    costs = inputs.costs  # type: ignore[attr-defined]
-    if hasattr(costs, "drain_s"):
-        return inputs
-    cls = make_dataclass("ActionCostsWithDrain", [("drain_s", float, 0.0)], bases=(type(costs),), frozen=True)
-    fields = {f: getattr(costs, f) for f in costs.__dataclass_fields__}
-    return replace(inputs, costs=cls(**fields, drain_s=costs.stop_s))  # type: ignore[arg-type]
-
-
 @dataclass
 class PlannerPolicy:
     """Wraps `planner.policies.get_policy(name)` for the simulator."""
@@ -54,7 +41,7 @@ class PlannerPolicy:
         spec = self.models.spec
         total = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
         self._policy = get_policy(self.name)
-        self._inputs = _with_drain_cost(planning_inputs(self.models, total))
+        self._inputs = planning_inputs(self.models, total)
         self._by_name = {v: k for k, v in self.node_names.items()}
 
     def _predicted_batch_s(self, instances: int) -> float:
