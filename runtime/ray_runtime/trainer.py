@@ -8,9 +8,10 @@ uses the clipped importance ratio exp(logp_now - logp_behaviour) (PPO-style), wh
 off-policy correction for stale trajectories. Trajectories older than the staleness bound
 are dropped and counted.
 
-CPU: the tiny model, full parameters, Adam. GPU clusters: the same interface; wrap the
-model with FSDP2 (`torch.distributed.fsdp.fully_shard`) across the training pool and
-gather a full state dict on rank 0 for `weights_blob` (not exercised here).
+CPU: the tiny model, full parameters, Adam, one process. Not implemented yet: the GPU
+path, which would keep this interface, wrap the model with FSDP2
+(`torch.distributed.fsdp.fully_shard`) across the training pool and gather a full state
+dict on rank 0 for the weight blob.
 """
 
 from __future__ import annotations
