@@ -32,7 +32,6 @@ class SimResult:
     returns: int = 0
     late_returns: int = 0
     return_wait_s: float = 0.0
-    trainer_wait_s: float = 0.0
     admission_pause_s: float = 0.0
     wall_s: float = 0.0
     policy_wall_s: float = 0.0  # wall time spent inside the policy (solver), part of wall_s

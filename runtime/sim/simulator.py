@@ -186,13 +186,11 @@ class Simulator:
 
     # ================================================================== run
     def run(self) -> SimResult:
-        for i, t in enumerate(self.avail_times):
+        if self.avail_times:  # the pool as the trace has it when the run starts, before the first decision
+            self._set_elastic(self.avail_gpus[0])
+        for i, t in enumerate(self.avail_times[1:], start=1):
             if t <= self.horizon:
                 self._push(max(t, 0.0), E_TRACE, i)
-        if self.avail_times and self.avail_times[0] > 0:
-            self._set_elastic(self.avail_gpus[0], initial=True)
-        elif not self.avail_times:
-            pass
         self._push(self.sample_s, E_SAMPLE)
         self._consult("start")
         self._launch_admissible()
@@ -453,7 +451,7 @@ class Simulator:
             self._schedule_ready(inst, fin)
         self._push(self.now + fin, E_PAUSE_END)
 
-    def _set_elastic(self, gpus: int, initial: bool = False) -> None:
+    def _set_elastic(self, gpus: int) -> None:
         """Make `gpus` elastic GPUs available: new nodes join in order, preempted ones are drawn at random."""
         el = [n for n in self.nodes if n.pool == "elastic"]
         up = [n for n in el if n.available]
@@ -578,7 +576,6 @@ class Simulator:
             return
         lent = [i for i in self.instances.values() if i.pool == "training"]
         self.phase = "returning"
-        self.r.trainer_wait_s += 0.0
         if lent:
             resume: list[int] = []
             for inst in lent:
