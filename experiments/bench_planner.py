@@ -88,7 +88,7 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
         total.append((time.perf_counter() - t0) * 1000.0)
         cpu.append((time.process_time() - c0) * 1000.0)
         solver.append(step.decision.proof.solve_ms)
-        optimal.append(step.decision.proof.status in ("optimal", "evaluated"))
+        optimal.append(step.decision.proof.status == "optimal")
         state = apply_plan(state, step.plan)
         # the noticed GPUs are gone before the next event; everything else carries over
         gone = {g.id for g in state.gpus if g.preempt_notice}

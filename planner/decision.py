@@ -56,7 +56,8 @@ class Decision:
     """Mode, ratio and placement of rollout instances, with predicted completion and cost.
 
     `applied` is False when a policy's gate kept the current configuration; then the
-    targets are the current ones and `reason` says why.
+    targets, prediction and objective are the current ones, `proof` is the solver's proof of
+    the optimum the gate rejected, and `reason` says why.
     """
 
     mode: Mode

@@ -195,7 +195,8 @@ class PearlPolicy:
         need_ms = margin * keep.predicted_completion_s * 1000.0
         if gain_ms > need_ms:
             return Step(replace(cand, reason=f"{kind}: gain {gain_ms / 1000:.2f} s > margin {need_ms / 1000:.2f} s"), plan)
-        kept = replace(keep, applied=False, extras=extras, reason=f"gated {kind}: gain {gain_ms / 1000:.2f} s <= margin {need_ms / 1000:.2f} s")
+        # the proof stays the solver's (of the optimum the gate rejected): its status and time are real
+        kept = replace(keep, proof=cand.proof, applied=False, extras=extras, reason=f"gated {kind}: gain {gain_ms / 1000:.2f} s <= margin {need_ms / 1000:.2f} s")
         return Step(kept, build_plan(state, kept, inputs, now_s))
 
 

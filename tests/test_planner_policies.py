@@ -43,6 +43,7 @@ def test_gate_suppresses_a_tiny_ratio_gain_and_no_gate_takes_it() -> None:
     inp = inputs({4: 500.0}, {1: 101.0, 2: 100.0}, {2: 100.5, 3: 100.0})  # 1P3D 101 s, 2P2D 100.5 s (0.5%)
     kept = get_policy("pearl").decide(state, inp, 0.0).decision
     assert not kept.applied and kept.ratio == "1P3D" and "gated ratio change" in kept.reason
+    assert kept.proof.status == "optimal" and kept.proof.solve_ms > 0  # the rejected optimum's proof
     taken = get_policy("pearl-no-gate").decide(state, inp, 0.0).decision
     assert taken.applied and taken.ratio == "2P2D"
     # a larger gain (5%) passes the 3% ratio margin

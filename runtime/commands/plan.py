@@ -101,7 +101,7 @@ def plan(
             d = step.decision
             state = apply_plan(state, step.plan)
             solve_ms.append(d.proof.solve_ms)
-            optimal += d.proof.status in ("optimal", "evaluated")
+            optimal += d.proof.status == "optimal"
             role_changes += step.plan.role_changes
             completions.append((t, d.predicted_completion_s))
             records.append({
