@@ -62,6 +62,9 @@ class SlotRuntime:
     borrowed: bool = False
     served: int = 0
     gpus: tuple[str, ...] = ()  # the worker's TP group when this slot leads one
+    target_role: str | None = None  # a committed role switch not yet executed
+    pending_stop: bool = False  # a committed stop not yet executed
+    parked: bool = False  # a returned training slot: process and engine alive, serving nothing
 
     @property
     def worker_id(self) -> str:
@@ -176,6 +179,9 @@ class Controller:
         self.inputs: Any = None
         self.policy: Any = None
         self._bg: set[asyncio.Task] = set()
+        self._plans: set[asyncio.Future] = set()
+        self.wanted_mode = "colocated"
+        self.slot_locks: dict[str, asyncio.Lock] = {}
         self.batch_started: dict[int, float] = {}
         self.current_batch = -1
         self.trajectories: list[Trajectory] = []
@@ -196,7 +202,7 @@ class Controller:
             if self.address:
                 ray.init(address=self.address, runtime_env={"env_vars": env}, log_to_driver=False)
             else:
-                ray.init(num_cpus=os.cpu_count() or 1, resources=ray_resources(self.slots), include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}, object_store_memory=256 * 2**20)
+                ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=ray_resources(self.slots), include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}, object_store_memory=256 * 2**20)
         except Exception as exc:  # connection refused, bad address, ...
             raise RuntimeStartError(f"Ray failed to start or connect (address {self.address!r}): {exc}") from None
 
@@ -213,6 +219,9 @@ class Controller:
         from runtime.ray_runtime.trainer import Trainer
 
         self._ray_init()
+        self.lock = asyncio.Lock()
+        self.capacity = asyncio.Event()
+        self.slot_locks = {s.gpu: asyncio.Lock() for s in self.slots}
         spec = self.spec
         w = spec.workload
         self.tracker = RuntimeTracker(spec, load_profile(profile_path(spec)), env_scale=1.0)
@@ -259,18 +268,21 @@ class Controller:
         for g in self.base_state.gpus:
             r = self.rec[g.id]
             gpus.append(replace(g, available=g.id not in gone, borrowed=r.borrowed and g.pool == "training"))
-            if r.status in ("active", "draining") and r.role is not None and r.gpus and not set(r.gpus) & gone and g.id not in self.dead:
+            if r.status in ("active", "draining", "starting", "switching") and r.role is not None and r.gpus and not set(r.gpus) & gone and g.id not in self.dead:
                 if g.pool == "training" and not r.borrowed:
                     continue
-                workers.append(Worker(r.worker_id, r.role, r.gpus, len(r.gpus), r.version, r.status == "draining"))  # type: ignore[arg-type]
+                role = r.target_role or r.role
+                leaving = (r.status == "draining" or r.pending_stop) and r.target_role is None  # draining to re-role is not leaving
+                workers.append(Worker(r.worker_id, role, r.gpus, len(r.gpus), r.version, leaving))  # type: ignore[arg-type]
         needs_at = self.now() + (self.predicted_s if np.isfinite(self.predicted_s) else 0.0) * self.unfinished
         return ClusterState(tuple(gpus), tuple(workers), TrainerPhase(self.trainer_phase, needs_at), self.version, float(np.clip(self.unfinished, 0.0, 1.0)))  # type: ignore[arg-type]
 
     def _gone_elastic(self) -> set[str]:
         return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
 
-    async def decide(self, event: str) -> None:
-        """Ask the policy; apply its plan; log the decision (serialized: one plan at a time)."""
+    async def decide(self, event: str, wait: bool = False) -> None:
+        """Ask the policy, log the decision, start applying its plan (awaited only if `wait`)."""
+        task = None
         async with self.lock:
             state = self.cluster_state()
             now = self.now()
@@ -282,18 +294,47 @@ class Controller:
                 return
             d = step.decision
             extras = {k: (round(float(v), 4) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in d.extras.items() if k != "event"}
-            rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
+            seen = {"workers": [f"{w.id}:{w.role}{'(draining)' if w.draining else ''}" for w in state.workers], "elastic_available": self.elastic_available, "trainer": state.trainer.phase, "unfinished": round(state.unfinished_fraction, 3)}
+            rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "state": seen, "plan": {"actions": len(step.plan.actions), "joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes, "lent": step.plan.lent, "returned": step.plan.returned}}
             self.decisions.append(rec)
             self.metrics.write("decision", **rec)
             self.log(f"decision[{event}] {d.ratio} applied={d.applied} pred={d.predicted_completion_s:.2f}s solve={d.proof.solve_ms:.1f}ms gap={d.proof.gap:.3g} actions={len(step.plan.actions)}")
             if np.isfinite(d.predicted_completion_s):
                 self.predicted_s = d.predicted_completion_s
+            self.wanted_mode = d.mode
+            task: asyncio.Future | None = None
             if d.applied and not step.plan.empty:
-                await self._apply(step.plan)
-            self.mode = self._current_mode(d.mode)
-            self.ratio = self._ratio()
-            if self.mode not in self.modes_used:
-                self.modes_used.append(self.mode)
+                self._commit(step.plan)
+                task = asyncio.ensure_future(self._apply(step.plan))
+                self._plans.add(task)
+                task.add_done_callback(self._plans.discard)
+            self._update_mode()
+        if task is not None and wait:
+            await task
+
+    def _update_mode(self) -> None:
+        self.mode = self._current_mode(self.wanted_mode)
+        self.ratio = self._ratio()
+        if any(r.status == "active" for r in self.rec.values()) and self.mode not in self.modes_used:
+            self.modes_used.append(self.mode)
+
+    def _commit(self, plan: Any) -> None:
+        """Record what the plan will do before it runs, so the next decision plans from it.
+
+        Plans execute in the background (an expansion takes an engine start); decisions stay
+        serialized, and operations on one slot run in order (per-slot locks).
+        """
+        for a in plan.actions:
+            r = self._slot_of(a)
+            if a.kind == "start" and r.status in ("down", "parked"):
+                r.parked = r.parked or r.status == "parked"
+                r.role, r.gpus, r.status = a.role, tuple(a.gpus) or (r.slot.gpu,), "starting"
+            elif a.kind == "start":  # the slot's current worker stops first (same plan): net effect, a new role
+                r.target_role, r.pending_stop = a.role, False
+            elif a.kind == "switch_role":
+                r.target_role = a.role
+            elif a.kind == "stop":
+                r.pending_stop = True
 
     def _current_mode(self, wanted: str) -> str:
         roles = Counter(r.role for r in self.rec.values() if r.status == "active")
@@ -335,9 +376,11 @@ class Controller:
                     r.status = "active"
         self.transitions += sum(1 for r in results if r is True)
         self.metrics.write("plan_applied", actions=len(plan.actions), ok=sum(1 for r in results if r is True), seconds=round(time.monotonic() - t0, 3))
+        self._update_mode()
         self.capacity.set()
         for exc in failed:
             if isinstance(exc, BaseException):
+                self.metrics.write("plan_error", error=f"{type(exc).__name__}: {exc}")
                 raise RuntimeStartError(f"applying a plan failed: {exc}")
 
     def _slot_of(self, a: Any) -> SlotRuntime:
@@ -351,6 +394,10 @@ class Controller:
 
     async def _action(self, a: Any, started: list[SlotRuntime]) -> bool:
         r = self._slot_of(a)
+        async with self.slot_locks[r.slot.gpu]:
+            return await self._action_locked(a, r, started)
+
+    async def _action_locked(self, a: Any, r: SlotRuntime, started: list[SlotRuntime]) -> bool:
         t0 = time.monotonic()
         kind = a.kind
         if kind == "lend":
@@ -361,17 +408,22 @@ class Controller:
                 rr = self.rec[g]
                 await self._drain(rr)
                 rr.status = "down" if rr.actor is None else "parked"  # process kept alive between loans
+                rr.parked = rr.actor is not None and rr.role is not None
                 rr.borrowed = False
         elif kind == "drain":
             await self._drain(r)
         elif kind == "stop":
             await self._stop_slot(r)
+            r.pending_stop = False
         elif kind == "switch_role":
             await self._drain(r)
+            r.status = "switching"
             info = await r.actor.switch_role.remote(r.slot_no, a.role)
             if not info.get("ok"):
+                r.status, r.target_role = "down", None
                 raise RuntimeStartError(f"role switch of {r.worker_id} to {a.role} failed: {info.get('error')}")
-            r.role, r.status, r.version = a.role, "active", info.get("version", r.version)
+            r.role, r.status, r.version, r.target_role = a.role, "active", info.get("version", r.version), None
+            self.capacity.set()
             self.tracker.record_transition("switch_role", (time.monotonic() - t0) * self.scale)  # type: ignore[union-attr]
         elif kind == "start":
             r.gpus = tuple(a.gpus) or (r.slot.gpu,)
@@ -399,7 +451,8 @@ class Controller:
         """Background part of an expansion: process + engine + newest weights; admission comes later."""
         from runtime.ray_runtime.rollout_worker import RolloutWorker
 
-        if r.status == "parked" and r.actor is not None:
+        if r.parked and r.actor is not None:  # a lent training slot coming back: reuse its live engine
+            r.parked = False
             info = await r.actor.switch_role.remote(r.slot_no, role)
         else:
             if self.backend == "vllm" and (r.actor is None or r.slot.gpu in self.dead):
@@ -413,7 +466,7 @@ class Controller:
             r.status = "down"
             return False
         self.dead.discard(r.slot.gpu)
-        r.role, r.status = role, "starting"
+        r.role, r.status, r.target_role = role, "starting", None
         if self.version > 0:
             await r.actor.load_weights.remote(self.blob_ref, self.version)
         r.version = self.version
@@ -644,9 +697,10 @@ class Controller:
             self.elastic_available = ch.available
             gone = self._gone_elastic()
             for r in self.rec.values():  # shrink is urgent: stop dispatch and interrupt now; requests resume elsewhere
-                if set(r.gpus) & gone and r.status in ("active", "starting", "draining"):
-                    await self._drain(r)
-                    await self._stop_slot(r)
+                if set(r.gpus) & gone and r.status in ("active", "starting", "switching", "draining"):
+                    await self._drain(r)  # before taking the lock: an in-flight start must not delay it
+                    async with self.slot_locks[r.slot.gpu]:
+                        await self._stop_slot(r)
             await self.decide("availability")
 
     async def _push_weights(self, blob_ref: Any, version: int) -> None:
@@ -696,7 +750,7 @@ class Controller:
         schedule = elastic_schedule(self.spec, self.elastic_total) if self.elastic_total else ()
         if schedule and schedule[0].at_s == 0 and schedule[0].after_step is None:
             self.elastic_available = schedule[0].available
-        await self.decide("initial")
+        await self.decide("initial", wait=True)
         if not any(r.status == "active" for r in self.rec.values()):
             raise RuntimeStartError(f"no rollout worker could start: {getattr(self, 'start_error', 'the initial plan started none')}")
         staleness = self.spec.training.staleness
@@ -728,12 +782,15 @@ class Controller:
                 b, trajs, tel = await queue.get()
                 self.trainer_phase = "training"
                 await self.decide("training_begin")
+                deadline = time.monotonic() + 2.0 * max(self.inputs.costs.return_s, 1.0) / self.scale + 5.0
+                while any(r.borrowed for r in self.rec.values()) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)  # the plan's returns run in the background: wait for them, not for its starts
                 late = [r for r in self.rec.values() if r.borrowed]
                 if late:  # borrowed GPUs must be back before the step: take them back now, count it
                     self.late_returns += len(late)
                     for r in late:
                         await self._drain(r)
-                        r.status, r.borrowed = "parked", False
+                        r.status, r.borrowed, r.parked = "parked", False, r.actor is not None
                 samples = [TrainSample(t.id, t.group, tuple(t.tokens), tuple(t.mask), tuple(t.logprobs), float(t.reward or 0.0), t.min_version if t.min_version < 1 << 29 else self.version) for t in trajs]
                 metrics_ref, blob_ref = self.trainer.train_step.options(num_returns=2).remote(samples, self.version)
                 m = await metrics_ref
@@ -754,6 +811,8 @@ class Controller:
                 await asyncio.wait([elastic], timeout=300)  # an expansion in flight: let it admit or cancel
             if self._bg:
                 await asyncio.wait(list(self._bg), timeout=300)
+            if self._plans:
+                await asyncio.wait(list(self._plans), timeout=300)
         finally:
             if elastic is not None:
                 elastic.cancel()
