@@ -42,7 +42,10 @@ def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) ->
         ts = [x["t"] / 3600 for x in s]
         stacks = []
         for role in roles:
-            stacks.append([sum(v for k, v in x["gpus"].items() if k.endswith(":" + role) and not (role == "training" and k == "training:training")) for x in s])
+            if role == "training":  # instances on lent training GPUs, whatever their role
+                stacks.append([sum(v for k, v in x["gpus"].items() if k.startswith("training:") and k != "training:training") for x in s])
+            else:
+                stacks.append([sum(v for k, v in x["gpus"].items() if k.endswith(":" + role) and not k.startswith("training:")) for x in s])
         ax.stackplot(ts, stacks, labels=[f"rollout {r_}" if r_ != "training" else "lent training GPUs" for r_ in roles], colors=[colors[r_] for r_ in roles], alpha=0.8)
         if r.elastic_series:
             ex = [p[0] / 3600 for p in r.elastic_series] + [ts[-1] if ts else 0.0]
