@@ -45,7 +45,14 @@ def fit(
     report = fit_profile(rows, llms.models[model], gpus.gpus[hardware], tp, name=name, hardware=hardware, model=model, machine=machine, holdout_every=holdout_every)
     prof = report.profile
     data = prof.to_json()
-    data["notes"] = f"{prof.notes}; samples {samples.name}"
+    notes = [prof.notes, f"samples {samples.name}"]
+    engine = header.get("engine") or {}
+    if engine.get("clock", "wall") != "wall":
+        notes.append(f"step times by the {engine['clock']} clock")
+    if header.get("load_avg"):
+        cores = (header.get("machine_detail") or {}).get("cores", "?")
+        notes.append(f"load average while profiling {header['load_avg'][0]} -> {header['load_avg'][1]} on {cores} cores")
+    data["notes"] = "; ".join(notes)
     if header.get("engine"):
         data["fit"]["engine"] = header["engine"]
     out.parent.mkdir(parents=True, exist_ok=True)
