@@ -192,7 +192,7 @@ async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches:
         await warm(engines, vocab)
         seed = 0
         for env_scale in env_scales:
-            env_s = spec.workload.env_latency_s.expected() * env_scale
+            env_s = round(spec.workload.env_latency_s.expected() * env_scale, 6)
             for b in batches:
                 runs = []
                 for r in range(repeats):
