@@ -104,3 +104,14 @@ def test_same_seed_same_result_other_seed_differs():
     a, b, c = run(3), run(3), run(4)
     assert a == b
     assert a["generated_tokens"] != c["generated_tokens"]
+
+
+def test_pearl_runs_are_deterministic_under_a_real_trace():
+    spec = load_experiment(PAPER)
+
+    def run():
+        out = simulate(spec, "pearl", TraceFlags(offset_hours=2.0), hours=0.4).summary()
+        out.pop("policy_wall_s")
+        return out
+
+    assert run() == run()
