@@ -120,32 +120,44 @@ def gate_totals(results: dict[Scenario, SweepResult]) -> dict[str, int]:
 def finding(eff: dict[str, dict[str, Any]], gate: dict[str, int], hours: float, seeds: int) -> str:
     """The main finding in one paragraph; every number and every comparison is read from the runs."""
     tw, msm, rcm = "costs.transition_weight", "costs.mode_switch_margin", "costs.ratio_change_margin"
-    first, last = SETS[tw][0], SETS[tw][-1]
     es = list(eff.values())
-    tok_change = [(e[tw]["tokens_per_s"][-1] / e[tw]["tokens_per_s"][0] - 1) * 100 for e in es]
-    rec_change = [(e[tw]["reconfigurations"][-1] / e[tw]["reconfigurations"][0] - 1) * 100 for e in es if e[tw]["reconfigurations"][0]]
-    el0 = [e[tw]["elastic_gpus_serving"][0] for e in es]
-    elN = [e[tw]["elastic_gpus_serving"][-1] for e in es]
     base = es[0][tw]["base_value"]
-    base_loss = [e[tw]["base_loss_vs_best_pct"] for e in es]
-    base_rec = [(e[tw]["reconfigurations"][e[tw]["values"].index(base)] / e[tw]["reconfigurations"][0] - 1) * 100 for e in es if e[tw]["reconfigurations"][0]]
-    best = sorted({e[tw]["best_value"] for e in es})
-    noise = max(e[k]["max_seed_std_pct"] for e in es for k in SETS)
+    noise = max(e[k]["max_seed_std_pct"] for e in es for k in SETS) if seeds > 1 else None
     spread = {k: max(e[k]["spread_pct"] for e in es) for k in SETS}
     knob = max(spread, key=lambda k: spread[k])
     seeds_txt = f"{seeds} seeds per point" if seeds > 1 else "1 seed per point"
-    parts = [
+    others = [k for k in SETS if k != knob]
+    if noise is not None and spread[knob] > 2 * noise and all(spread[k] <= 2 * noise for k in others):
+        lead = f"{knob.split('.')[1]} is the only one of the three keys that moves throughput beyond seed noise."
+    else:
+        lead = f"of the three keys, {knob.split('.')[1]} moves throughput most ({spread[knob]:.1f}% spread across its values)."
+    per_value = []
+    for i, v in enumerate(es[0][tw]["values"]):
+        if v == base:
+            continue
+        rel = [e[tw]["tokens_rel_to_base_pct"][i] for e in es]
+        quiet = noise is not None and max(abs(x) for x in rel) <= noise
+        per_value.append(f"{_range(rel)} at {v:g}" + (" (within noise)" if quiet else ""))
+    first, last = es[0][tw]["values"][0], es[0][tw]["values"][-1]
+    rec_first = [e[tw]["reconf_rel_to_base_pct"][0] for e in es if e[tw]["reconf_rel_to_base_pct"][0] is not None]
+    rec_last = [e[tw]["reconf_rel_to_base_pct"][-1] for e in es if e[tw]["reconf_rel_to_base_pct"][-1] is not None]
+    el0 = [e[tw]["elastic_gpus_serving"][0] for e in es]
+    elN = [e[tw]["elastic_gpus_serving"][-1] for e in es]
+    base_loss = [e[tw]["base_loss_vs_best_pct"] for e in es]
+    fewer = [(1 - 1 / (1 + r / 100)) * 100 for r in rec_first]  # the base's reconfigurations below weight `first`'s, in %
+    noise_txt = f"largest seed-to-seed std {noise:.1f}% of throughput" if noise is not None else "one seed: no noise estimate"
+    return " ".join([
         f"**Main finding.** Over four scenarios (Qwen3-8B and Qwen3-30B-A3B, each on a Bamboo and a SkyPilot spot-trace window; "
-        f"{hours:g} simulated hours, {seeds_txt}), raising the transition cost weight from {first:g} to {last:g} changes the policy's "
-        f"reconfigurations (engine starts, stops, role changes) by {_range(rec_change, 0)} and throughput by {_range(tok_change)}: "
-        f"the mean number of elastic GPUs serving rollout falls from {_span(el0)} to {_span(elN)} (of 12), i.e. a heavy weight "
-        f"buys stability by leaving spot capacity unused.",
-        f"Throughput is highest at weight {' / '.join(f'{b:g}' for b in best)} (per scenario); the configured weight {base:g} is "
-        f"{_range(base_loss)} below each scenario's best point and changes reconfigurations by {_range(base_rec, 0)} relative to weight {first:g}.",
-        _margins(spread[msm], spread[rcm], noise if seeds > 1 else None, gate),
-        f"Of the three keys, {knob.split('.')[1]} has the largest effect ({spread[knob]:.1f}% spread).",
-    ]
-    return " ".join(parts)
+        f"{hours:g} simulated hours, {seeds_txt}; {noise_txt}), {lead}",
+        f"Relative to the configured transition weight {base:g}, throughput changes by {', '.join(per_value)}, while the policy's "
+        f"reconfigurations (engine starts, stops, role changes) change by {_range(rec_first, 0)} at weight {first:g} and "
+        f"{_range(rec_last, 0)} at {last:g}.",
+        f"A heavy weight buys stability by leaving spot capacity idle: the mean number of elastic GPUs serving rollout falls from "
+        f"{_span(el0)} at weight {first:g} to {_span(elN)} at {last:g} (of 12).",
+        f"The configured weight {base:g} sits at the knee: {_range(base_loss)} below each scenario's best throughput with "
+        f"{_range(fewer, 0)} fewer reconfigurations than weight {first:g}.",
+        _margins(spread[msm], spread[rcm], noise, gate),
+    ])
 
 
 def _margins(msm: float, rcm: float, noise: float | None, gate: dict[str, int]) -> str:
@@ -159,8 +171,9 @@ def _margins(msm: float, rcm: float, noise: float | None, gate: dict[str, int]) 
             f"scale changes (joins/leaves, which pass with margin 0), holding back {gate['gated']}")
     if gate["gate_mode_switches"] + gate["gate_ratio_changes"] == 0:
         return (f"The switching margins never bind here: {seen}; disaggregation at the planner's ratio stays optimal throughout, "
-                f"so {effect}. Only the transition weight, which prices every join and leave in the objective, controls churn.")
-    return f"The switching margins: {seen}; {effect}."
+                f"so {effect}.")
+    quiet = noise is not None and max(msm, rcm) <= 2 * noise
+    return f"The switching margins matter little: {seen}; {effect}{', i.e. within noise' if quiet else ''}."
 
 
 def summary_plot(results: dict[Scenario, SweepResult], path: Path, hours: float, seeds: int) -> None:

@@ -77,6 +77,17 @@ def test_cache_resumes_an_interrupted_sweep(spec, sim_calls, tmp_path, monkeypat
     assert strip(again.run.records) == strip(first.run.records)
 
 
+def test_identical_points_run_once(spec, sim_calls, tmp_path):
+    # one-way: transition_weight=1 and mode_switch_margin=0.08 are both the config's own values
+    assert (spec.costs.transition_weight, spec.costs.mode_switch_margin) == (1.0, 0.08)
+    sets = parse_sets(["costs.transition_weight=1,4", "costs.mode_switch_margin=0.08"], spec)
+    res = run_study(spec, sets, "oneway", hours=0.1, jobs=1, cache_dir=tmp_path, show_progress=False)
+    assert len(sim_calls) == 2 and (res.run.computed, res.run.cached) == (2, 1)
+    a, b, c = res.run.records
+    assert a["config_hash"] == c["config_hash"] != b["config_hash"]
+    assert a["tokens_per_s"] == c["tokens_per_s"] and [r["cached"] for r in (a, b, c)] == [False, False, True]
+
+
 def test_pareto_front_on_a_hand_made_example():
     # (switches, tokens/s): fewer switches and more throughput are better
     pts = [(0, 5.0), (1, 7.0), (1, 6.0), (2, 7.0), (3, 9.0), (2, 9.0), (0, 5.0), (4, 8.0)]

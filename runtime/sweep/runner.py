@@ -17,7 +17,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from models.config import ConfigError, ExperimentSpec
 from runtime.sim.run import TraceFlags
@@ -224,6 +224,17 @@ def write_cached(cache_dir: Path, task: Task, metrics: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- the sweep
+def _preload() -> None:
+    """Import everything a point runs before the pool forks, so every worker runs the code the
+    cache key's digest describes even while the sources change on disk."""
+    import models.builder  # noqa: F401
+    import planner.policies  # noqa: F401
+    import runtime.sim.planner_adapter  # noqa: F401
+    import runtime.traces  # noqa: F401
+
+    code_digest()
+
+
 @dataclass
 class SweepRun:
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -239,43 +250,48 @@ def record(task: Task, keys: list[str], metrics: dict[str, Any], cached: bool) -
             "config_hash": task.config_hash(), "cached": cached, **metrics}
 
 
-def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2, show_progress: bool = True,
-              on_done: Callable[[int, int], None] | None = None) -> SweepRun:
-    """Run what the cache lacks (in `jobs` processes; in this process when jobs == 1) and collect every record."""
+def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2, show_progress: bool = True) -> SweepRun:
+    """Run what the cache lacks (in `jobs` processes; in this process when jobs == 1) and collect every record.
+
+    Tasks with the same cache key (a one-way sweep meets the config's own values once per key)
+    run once. `computed` counts simulations run now, `cached` the records served without one.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     t0 = time.perf_counter()
     out = SweepRun()
-    done: dict[int, dict[str, Any]] = {}
-    todo: list[int] = []
-    for i, t in enumerate(tasks):
+    key_of = [t.cache_key() for t in tasks]
+    found: dict[str, dict[str, Any]] = {}
+    todo: dict[str, int] = {}  # cache key -> the first task that needs it
+    for i, (t, k) in enumerate(zip(tasks, key_of)):
+        if k in found or k in todo:
+            continue
         m = read_cached(cache_dir, t)
         if m is None:
-            todo.append(i)
+            todo[k] = i
         else:
-            done[i] = record(t, keys, m, cached=True)
-            out.cached += 1
-    progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points ({task.fields[cached]} cached)"),
+            found[k] = m
+    fresh: set[str] = set()
+    progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs ({task.fields[cached]} cached)"),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True, disable=not show_progress)
 
-    def finish(i: int, m: dict[str, Any]) -> None:
+    def finish(k: str, m: dict[str, Any]) -> None:
         _raise_if_error(m)
-        write_cached(cache_dir, tasks[i], m)
-        done[i] = record(tasks[i], keys, m, cached=False)
-        out.computed += 1
+        write_cached(cache_dir, tasks[todo[k]], m)
+        found[k] = m
+        fresh.add(k)
         progress.advance(bar)
-        if on_done is not None:
-            on_done(len(done), len(tasks))
 
     with progress:
-        bar = progress.add_task("sweep", total=len(tasks), completed=out.cached, cached=out.cached)
+        bar = progress.add_task("sweep", total=len(todo) + len(found), completed=len(found), cached=len(found))
         if jobs <= 1 or len(todo) <= 1:
-            for i in todo:
-                finish(i, run_task(tasks[i]))
+            for k, i in todo.items():
+                finish(k, run_task(tasks[i]))
         else:
+            _preload()
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-                pending: dict[Future, int] = {pool.submit(run_task, tasks[i]): i for i in todo}
+                pending: dict[Future, str] = {pool.submit(run_task, tasks[i]): k for k, i in todo.items()}
                 try:
                     while pending:
                         ready, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -285,6 +301,9 @@ def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2
                     for f in pending:
                         f.cancel()
                     raise
-    out.records = [done[i] for i in range(len(tasks))]
+    ran = {todo[k] for k in fresh}
+    out.records = [record(t, keys, found[k], cached=i not in ran) for i, (t, k) in enumerate(zip(tasks, key_of))]
+    out.computed = len(fresh)
+    out.cached = len(tasks) - out.computed
     out.wall_s = time.perf_counter() - t0
     return out

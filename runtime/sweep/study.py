@@ -97,11 +97,9 @@ def run_study(spec: ExperimentSpec, sets: dict[str, list[Number]], mode: str = "
 
 
 def fold_trace_flag(spec: ExperimentSpec, flags: TraceFlags) -> tuple[ExperimentSpec, TraceFlags]:
-    """Move `--trace FILE` into the experiment's trace section with format auto-detected.
-
-    Adapter: runtime.sim.run.load_availability keeps the config's trace *format* when --trace
-    names another file (a SkyPilot JSON under a bamboo-count config would be misread); in the
-    spec the file also becomes part of the config hash.
+    """Move `--trace FILE` into the experiment's trace section, format auto-detected and the config's
+    GPU mapping kept (what runtime.sim.run.load_availability does with the flag), so the file is
+    part of the config hash and `--planner-only` reads the same trace.
     """
     if flags.path is None:
         return spec, flags
