@@ -224,6 +224,13 @@ def write_cached(cache_dir: Path, task: Task, metrics: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- the sweep
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them and keeps the finished points."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _preload() -> None:
     """Import everything a point runs before the pool forks, so every worker runs the code the
     cache key's digest describes even while the sources change on disk."""
@@ -290,7 +297,7 @@ def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2
                 finish(k, run_task(tasks[i]))
         else:
             _preload()
-            with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_ignore_sigint) as pool:
                 pending: dict[Future, str] = {pool.submit(run_task, tasks[i]): k for k, i in todo.items()}
                 try:
                     while pending:
@@ -298,8 +305,10 @@ def run_sweep(tasks: list[Task], keys: list[str], cache_dir: Path, jobs: int = 2
                         for f in ready:
                             finish(pending.pop(f), f.result())
                 except BaseException:
-                    for f in pending:
-                        f.cancel()
+                    # Ctrl-C (or an error): drop what has not finished; what has is already cached
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                        proc.terminate()
                     raise
     ran = {todo[k] for k in fresh}
     out.records = [record(t, keys, found[k], cached=i not in ran) for i, (t, k) in enumerate(zip(tasks, key_of))]
