@@ -86,6 +86,10 @@ def run_study(spec: ExperimentSpec, sets: dict[str, list[Number]], mode: str = "
     h = hours or flags.hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     seed_list = [spec.seed + i for i in range(seeds)]
     spec, flags = fold_trace_flag(spec, flags)
+    if spec.trace is not None:  # a missing or too short trace fails here, not once per point
+        from runtime.sim.run import load_availability
+
+        load_availability(spec, flags, h)
     points = sweep_points(sets, mode)  # type: ignore[arg-type]
     tasks = make_tasks(spec, points, seed_list, name, flags, h, planner_only)
     keys = list(sets)
