@@ -180,6 +180,8 @@ class Controller:
         self.policy: Any = None
         self._bg: set[asyncio.Task] = set()
         self._plans: set[asyncio.Future] = set()
+        self._repairing = False
+        self._repair_again = False
         self.wanted_mode = "colocated"
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.batch_started: dict[int, float] = {}
@@ -305,7 +307,7 @@ class Controller:
             task: asyncio.Future | None = None
             if d.applied and not step.plan.empty:
                 self._commit(step.plan)
-                task = asyncio.ensure_future(self._apply(step.plan))
+                task = asyncio.ensure_future(self._apply(step.plan, raise_errors=wait))
                 self._plans.add(task)
                 task.add_done_callback(self._plans.discard)
             self._update_mode()
@@ -349,7 +351,7 @@ class Controller:
         return f"{roles['colocated']}C"
 
     # ------------------------------------------------------------------ applying plans
-    async def _apply(self, plan: Any) -> None:
+    async def _apply(self, plan: Any, raise_errors: bool = False) -> None:
         tasks: dict[int, asyncio.Task] = {}
         started: list[SlotRuntime] = []
         t0 = time.monotonic()
@@ -376,12 +378,51 @@ class Controller:
                     r.status = "active"
         self.transitions += sum(1 for r in results if r is True)
         self.metrics.write("plan_applied", actions=len(plan.actions), ok=sum(1 for r in results if r is True), seconds=round(time.monotonic() - t0, 3))
+        errors = [exc for exc in failed if isinstance(exc, BaseException)]
+        if failed:
+            self._roll_back(plan, list(zip(plan.actions, results)))
         self._update_mode()
         self.capacity.set()
-        for exc in failed:
-            if isinstance(exc, BaseException):
-                self.metrics.write("plan_error", error=f"{type(exc).__name__}: {exc}")
-                raise RuntimeStartError(f"applying a plan failed: {exc}")
+        if errors and raise_errors:
+            raise RuntimeStartError(f"applying a plan failed: {type(errors[0]).__name__}: {errors[0]}")
+
+    def _roll_back(self, plan: Any, outcome: list[tuple[Any, Any]]) -> None:
+        """A plan failed part-way (a worker died, an engine did not start): forget what it
+        committed but did not reach, mark dead actors, and decide again from the real state."""
+        for a, res in outcome:
+            r = self._slot_of(a)
+            if isinstance(res, BaseException):
+                self.metrics.write("plan_error", action=a.kind, worker=r.worker_id, error=f"{type(res).__name__}: {res}")
+                if isinstance(res, _actor_errors()):
+                    self.dead.add(r.slot.gpu)
+                    r.status, r.role = "down", None
+            r.target_role, r.pending_stop = None, False
+            if r.status in ("starting", "switching"):
+                r.status, r.role = "down", None
+        self._repair("plan failed")
+
+    def _repair(self, why: str) -> None:
+        """Schedule a fresh decision in the background (the planner restores capacity)."""
+        if self._repairing:
+            self._repair_again = True
+            return
+        self._repairing = True
+
+        async def again() -> None:
+            try:
+                while True:
+                    self._repair_again = False
+                    await asyncio.sleep(0.1)
+                    self.metrics.write("repair", reason=why)
+                    await self.decide("availability")
+                    if not self._repair_again:
+                        break
+            finally:
+                self._repairing = False
+
+        task = asyncio.ensure_future(again())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
 
     def _slot_of(self, a: Any) -> SlotRuntime:
         if a.gpus:
@@ -502,6 +543,7 @@ class Controller:
 
     async def _route(self, t: Trajectory) -> tuple[SlotRuntime | None, SlotRuntime | None]:
         """(prefill, decode) for disaggregated, (colocated, None) for colocated; waits for capacity."""
+        waited_since: float | None = None
         while True:
             if self.mode == "disaggregated":
                 p, d = self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
@@ -513,6 +555,11 @@ class Controller:
             p, d = self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
             if p and d:
                 return p, d
+            if waited_since is None:
+                waited_since = time.monotonic()
+            elif time.monotonic() - waited_since > 10.0 and not self._plans and not self.lock.locked():
+                self._repair("requests waiting with no worker for their role")  # self-healing: nothing is on its way
+                waited_since = time.monotonic()
             self.capacity.clear()
             try:
                 await asyncio.wait_for(self.capacity.wait(), timeout=0.5)
@@ -538,9 +585,7 @@ class Controller:
         r.status, r.role = "down", None
         self.metrics.write("worker_died", worker=r.worker_id)
         self.log(f"worker {r.worker_id} died; its requests resume elsewhere")
-        task = asyncio.ensure_future(self.decide("availability"))  # restore capacity on the same slot
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
+        self._repair(f"worker {r.worker_id} died")  # restore capacity on the same slot
 
     async def _turn(self, t: Trajectory, max_tokens: int) -> tuple[list[int], list[float], int]:
         """One policy turn: routed by mode; interrupted requests resume elsewhere with their prefix."""
