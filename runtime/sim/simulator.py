@@ -289,11 +289,19 @@ class Simulator:
             return "pd" if self.mode == "disaggregated" else "colocated"
         return "colocated" if has_c else ("pd" if has_pd else None)
 
+    def _pd_new(self, tr: Traj) -> int:
+        """Tokens a PD prefill engine prefills on top of its cache: the new ones plus the previous
+        response, which was decoded on a decode engine and so never entered this prefix cache."""
+        k = tr.turn
+        again = tr.plan.response_tokens[k - 1] if k > 0 else 0
+        return tr.plan.new_tokens[k] + tr.g + again
+
     def _request(self, tr: Traj, inst: Instance, decode: bool) -> Request:
         k = tr.turn
-        new = tr.plan.new_tokens[k] + tr.g
+        new = tr.plan.new_tokens[k] + tr.g if decode else self._pd_new(tr)
+        fresh = tr.plan.new_tokens[k] + tr.g
         cached = tr.home is not None and tr.home == (inst.iid, inst.gen)
-        prefix, fill = (tr.ctx, new) if cached else (0, tr.ctx + new)
+        prefix, fill = (tr.ctx + fresh - new, new) if cached else (0, tr.ctx + fresh)
         return Request(tr.tid, fill, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
 
     def _dispatch(self, tr: Traj) -> None:
@@ -318,9 +326,8 @@ class Simulator:
             self._dispatch(tr)
             return
         k = tr.turn
-        new = tr.plan.new_tokens[k] + tr.g
         same = tr.dhome is not None and tr.dhome == (d.iid, d.gen)
-        tokens = new if same else tr.ctx + new
+        tokens = self._pd_new(tr) if same else tr.ctx + tr.plan.new_tokens[k] + tr.g
         tr.where, tr.inst = "kv", d.iid
         self._push(self.now + tr.width * tokens * self.kv_bytes / self.link_bps, E_KV, tr.tid, d.gen * 1_000_000 + d.iid)
 
