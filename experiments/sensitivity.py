@@ -113,7 +113,8 @@ def _range(xs: list[float], digits: int = 1, unit: str = "%") -> str:
 def gate_totals(results: dict[Scenario, SweepResult]) -> dict[str, int]:
     """Decisions and what the hysteresis gate saw, summed over every simulation of the study."""
     keys = ("decisions", "gate_mode_switches", "gate_ratio_changes", "gate_scale_changes", "gated")
-    recs = [r for res in results.values() for r in res.run.records]
+    unique = {(r["config_hash"], r["seed"]): r for res in results.values() for r in res.run.records}  # a one-way sweep repeats the base
+    recs = list(unique.values())
     return {"runs": len(recs), **{k: int(sum(r[k] for r in recs)) for k in keys}}
 
 
@@ -122,21 +123,18 @@ def finding(eff: dict[str, dict[str, Any]], gate: dict[str, int], hours: float, 
     tw, msm, rcm = "costs.transition_weight", "costs.mode_switch_margin", "costs.ratio_change_margin"
     es = list(eff.values())
     base = es[0][tw]["base_value"]
-    noise = max(e[k]["max_seed_std_pct"] for e in es for k in SETS) if seeds > 1 else None
     spread = {k: max(e[k]["spread_pct"] for e in es) for k in SETS}
     knob = max(spread, key=lambda k: spread[k])
     seeds_txt = f"{seeds} seeds per point" if seeds > 1 else "1 seed per point"
     others = [k for k in SETS if k != knob]
-    if noise is not None and spread[knob] > 2 * noise and all(spread[k] <= 2 * noise for k in others):
-        lead = f"{knob.split('.')[1]} is the only one of the three keys that moves throughput beyond seed noise."
-    else:
-        lead = f"of the three keys, {knob.split('.')[1]} moves throughput most ({spread[knob]:.1f}% spread across its values)."
+    lead = (f"{knob.split('.')[1]} moves throughput most: {spread[knob]:.1f}% between its best and worst value, against "
+            f"{' and '.join(f'{spread[k]:.1f}%' for k in others)} for {' and '.join(k.split('.')[1] for k in others)}.")
     per_value = []
     for i, v in enumerate(es[0][tw]["values"]):
         if v == base:
             continue
         rel = [e[tw]["tokens_rel_to_base_pct"][i] for e in es]
-        quiet = noise is not None and max(abs(x) for x in rel) <= noise
+        quiet = seeds > 1 and not any(_beyond_noise(e[tw], i) for e in es)
         per_value.append(f"{_range(rel)} at {v:g}" + (" (within noise)" if quiet else ""))
     first, last = es[0][tw]["values"][0], es[0][tw]["values"][-1]
     rec_first = [e[tw]["reconf_rel_to_base_pct"][0] for e in es if e[tw]["reconf_rel_to_base_pct"][0] is not None]
@@ -145,7 +143,7 @@ def finding(eff: dict[str, dict[str, Any]], gate: dict[str, int], hours: float, 
     elN = [e[tw]["elastic_gpus_serving"][-1] for e in es]
     base_loss = [e[tw]["base_loss_vs_best_pct"] for e in es]
     fewer = [(1 - 1 / (1 + r / 100)) * 100 for r in rec_first]  # the base's reconfigurations below weight `first`'s, in %
-    noise_txt = f"largest seed-to-seed std {noise:.1f}% of throughput" if noise is not None else "one seed: no noise estimate"
+    noise_txt = f"'within noise': within the two points' seed std" if seeds > 1 else "one seed: no noise estimate"
     return " ".join([
         f"**Main finding.** Over four scenarios (Qwen3-8B and Qwen3-30B-A3B, each on a Bamboo and a SkyPilot spot-trace window; "
         f"{hours:g} simulated hours, {seeds_txt}; {noise_txt}), {lead}",
@@ -154,26 +152,47 @@ def finding(eff: dict[str, dict[str, Any]], gate: dict[str, int], hours: float, 
         f"{_range(rec_last, 0)} at {last:g}.",
         f"A heavy weight buys stability by leaving spot capacity idle: the mean number of elastic GPUs serving rollout falls from "
         f"{_span(el0)} at weight {first:g} to {_span(elN)} at {last:g} (of 12).",
-        f"The configured weight {base:g} sits at the knee: {_range(base_loss)} below each scenario's best throughput with "
+        f"The configured weight {base:g} gives up {_range(base_loss)} of each scenario's best throughput for "
         f"{_range(fewer, 0)} fewer reconfigurations than weight {first:g}.",
-        _margins(spread[msm], spread[rcm], noise, gate),
+        _margins(eff, gate, seeds > 1),
     ])
 
 
-def _margins(msm: float, rcm: float, noise: float | None, gate: dict[str, int]) -> str:
-    lo_m, hi_m = SETS["costs.mode_switch_margin"][0], SETS["costs.mode_switch_margin"][-1]
-    lo_r, hi_r = SETS["costs.ratio_change_margin"][0], SETS["costs.ratio_change_margin"][-1]
-    effect = (f"sweeping mode_switch_margin over {lo_m:g}-{hi_m:g} moves throughput by at most {msm:.1f}% and ratio_change_margin "
-              f"over {lo_r:g}-{hi_r:g} by at most {rcm:.1f}% "
-              + (f"(largest seed-to-seed std: {noise:.1f}% of throughput)" if noise is not None else "(one seed: no noise estimate)"))
-    seen = (f"across all {gate['runs']} simulations ({gate['decisions']} decisions) the gate saw {gate['gate_mode_switches']} "
+def _beyond_noise(e: dict[str, Any], i: int) -> bool:
+    """Does value i differ from the config's value by more than the two points' seed std together?"""
+    b = e["values"].index(e["base_value"])
+    return abs(e["tokens_per_s"][i] - e["tokens_per_s"][b]) > e["tokens_std"][i] + e["tokens_std"][b]
+
+
+def _margins(eff: dict[str, dict[str, Any]], gate: dict[str, int], several_seeds: bool) -> str:
+    """Where the switching margins move throughput beyond seed noise, and what the gate saw overall."""
+    seen = (f"over all {gate['runs']} distinct simulations ({gate['decisions']} decisions) the gate saw {gate['gate_mode_switches']} "
             f"colocated<->disaggregated candidates, {gate['gate_ratio_changes']} P:D ratio changes and {gate['gate_scale_changes']} "
-            f"scale changes (joins/leaves, which pass with margin 0), holding back {gate['gated']}")
-    if gate["gate_mode_switches"] + gate["gate_ratio_changes"] == 0:
-        return (f"The switching margins never bind here: {seen}; disaggregation at the planner's ratio stays optimal throughout, "
-                f"so {effect}.")
-    quiet = noise is not None and max(msm, rcm) <= 2 * noise
-    return f"The switching margins matter little: {seen}; {effect}{', i.e. within noise' if quiet else ''}."
+            f"scale changes (joins/leaves, which pass with margin 0) and held back {gate['gated']}")
+    notable: dict[tuple, list[float]] = {}  # (scenario, key, change, std, switches) -> values with that effect
+    quiet_max = 0.0
+    for slug, e in eff.items():
+        for key in ("costs.mode_switch_margin", "costs.ratio_change_margin"):
+            k = e[key]
+            b = k["values"].index(k["base_value"])
+            for i, v in enumerate(k["values"]):
+                if i == b:
+                    continue
+                rel = k["tokens_rel_to_base_pct"][i]
+                if several_seeds and _beyond_noise(k, i):
+                    sd = max(k["tokens_std"][i], k["tokens_std"][b]) / k["tokens_per_s"][b] * 100
+                    notable.setdefault((slug, key.split(".")[1], round(rel, 1), round(sd, 1), k["mode_switches"][b], k["mode_switches"][i]), []).append(v)
+                else:
+                    quiet_max = max(quiet_max, abs(rel))
+    elsewhere = f"by at most {quiet_max:.1f}% (within seed noise)" if quiet_max > 0 else "not at all"
+    if not notable:
+        kind = "beyond seed noise" if several_seeds else "(one seed: no noise estimate)"
+        return f"The switching margins do not move throughput {kind} (at most {quiet_max:.1f}%): {seen}."
+    cases = [f"on {slug}, {key} {' and '.join(f'{v:g}' for v in vs)} change{'s' if len(vs) == 1 else ''} throughput by {rel:+.1f}% "
+             f"(seed std <= {sd:.1f}%; colocated<->disaggregated switches per run {m0:g} -> {m1:g})"
+             for (slug, key, rel, sd, m0, m1), vs in notable.items()]
+    return (f"The switching margins matter only where the gate has a close call: {'; '.join(cases)}; elsewhere they change "
+            f"throughput {elsewhere}. Overall, {seen}.")
 
 
 def summary_plot(results: dict[Scenario, SweepResult], path: Path, hours: float, seeds: int) -> None:
@@ -211,6 +230,12 @@ def summary_plot(results: dict[Scenario, SweepResult], path: Path, hours: float,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _sim_seconds(results: dict[Scenario, SweepResult]) -> float:
+    """Simulator wall time summed over the distinct runs (as measured when each ran, cached or not)."""
+    unique = {(r["config_hash"], r["seed"]): r["wall_s"] for res in results.values() for r in res.run.records}
+    return float(sum(unique.values()))
 
 
 def _git_head() -> str:
@@ -262,7 +287,8 @@ def main() -> None:
         "# Sensitivity to cost weights", "",
         doc["finding"], "",
         f"Setup: `experiments/sensitivity.py --hours {args.hours:g} --seeds {args.seeds} --jobs {args.jobs}` "
-        f"({computed} simulations computed, {cached} from the cache, {wall:.0f} s wall on this shared 2-core machine; "
+        f"({computed} simulations computed now and {cached} records from the cache in {wall:.0f} s wall; the {doc['gate']['runs']} distinct "
+        f"simulations took {_sim_seconds(results):.0f} s of simulator wall time in total on this shared 2-core machine; "
         f"code at {doc['code']['git_head']}, model/planner/simulator digest {doc['code']['digest']}). "
         "One-way sweeps: each key varies while the others stay at the config's values "
         f"(transition_weight {base_values(next(iter(results.values())).spec)['costs.transition_weight']:g}, "

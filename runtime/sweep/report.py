@@ -163,8 +163,12 @@ def plot_sweep(agg: list[dict[str, Any]], keys: Sequence[str], path: Path, title
                 elinewidth=0.8, label="points")
     front = pareto_front(cx, gy)
     ax.step(cx[front], gy[front], where="post", color="tab:red", marker="o", ms=5, label="Pareto front")
+    labelled: set[tuple[float, float]] = set()
     for i in front:
         a = usable[i]
+        if (cx[i], gy[i]) in labelled:  # the same configuration met again (one-way sweeps repeat the config's values)
+            continue
+        labelled.add((cx[i], gy[i]))
         txt = ", ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in a["values"].items() if a.get("varied") in (None, k))
         ax.annotate(txt, (cx[i], gy[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(f"{labels.get(cost, cost)} (fewer is better)")
