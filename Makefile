@@ -34,8 +34,11 @@ $(STAMP): $(REQS) pyproject.toml
 $(TINY): $(STAMP) scripts/make_tiny_model.py
 	$(PY) scripts/make_tiny_model.py artifacts/models/tiny
 
+# The main job: every policy (PEARL, ROLL, RLBoost+) through the simulator on the default
+# config and the real Bamboo spot trace; a table on stdout and a plot under results/.
 run: $(STAMP) $(TINY)
-	$(PEARL) predict --config $(CONFIG)
+	@mkdir -p results
+	$(PEARL) compare --config $(CONFIG) --hours 2 --plot results/compare.png
 
 test: $(STAMP) $(TINY)
 	@rc=0; $(PY) -m pytest -q --timeout=1200 $(PYTEST_ARGS) || rc=$$?; \
