@@ -54,14 +54,10 @@ def plan(
     import numpy as np
     from rich.progress import Progress
 
-    from models.builder import build_models
-    from models.config import ConfigError, TraceSpec, load_experiment
+    from models.config import ConfigError, load_experiment
     from planner.backends import BACKENDS
-    from planner.inputs import planning_inputs
-    from planner.policies import POLICIES, PlanningError, get_policy
-    from planner.state import TrainerPhase, state_from_cluster_spec
-    from planner.transition import apply_plan
-    from runtime.traces import load_trace
+    from planner.policies import POLICIES
+    from runtime.offline_plan import load_window, plan_over_trace, trace_spec_for
 
     spec = load_experiment(config)
     name = policy or spec.policy.name
@@ -72,53 +68,32 @@ def plan(
         raise ConfigError(config, "--backend", be, f"one of {list(BACKENDS)}")
     if hours is not None and hours <= 0:
         raise ConfigError(config, "--hours", hours, "a number > 0")
-    tspec = spec.trace
-    if trace is not None:
-        tspec = (tspec or TraceSpec(path=str(trace))).model_copy(update={"path": str(trace), "format": "auto" if tspec is None or trace != Path(tspec.path) else tspec.format})
-    if tspec is None:
-        raise ConfigError(config, "trace", None, "a trace section in the config, or --trace FILE")
-    pool = spec.cluster.gpus_in_pool("elastic")
-    avail = load_trace(tspec, pool_gpus=pool or None, offset_hours=trace_offset_hours, hours=hours)
-    models = build_models(spec)
-    total = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
-    inputs = planning_inputs(models, total)
-    pol = get_policy(name, be)
-    state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
-    changes = avail.changes()
+    tspec = trace_spec_for(spec, trace)
+    avail = load_window(spec, tspec, trace_offset_hours, hours)
+    with _stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task(f"planning {name}", total=None)
+        result = plan_over_trace(spec, name, be, tspec, avail, on_event=lambda i, n: bar.update(task, completed=i, total=n))
     records = []
     solve_ms: list[float] = []
     optimal = 0
     role_changes = 0
-    completions: list[tuple[float, float]] = []
-    with _stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
-        task = bar.add_task(f"planning {name} over {len(changes)} events", total=len(changes))
-        for i, (t, g) in enumerate(changes):
-            state = state.with_availability("elastic", min(g, pool))
-            try:
-                step = pol.decide(state, inputs, t, "initial" if i == 0 else "availability")
-            except PlanningError as exc:
-                raise ConfigError(config, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
-            d = step.decision
-            state = apply_plan(state, step.plan)
-            solve_ms.append(d.proof.solve_ms)
-            optimal += d.proof.status == "optimal"
-            role_changes += step.plan.role_changes
-            completions.append((t, d.predicted_completion_s))
-            records.append({
-                "t_s": round(t, 3), "event": "initial" if i == 0 else "availability", "elastic_gpus": int(g),
-                "decision": d.to_json(),
-                "plan": {"joins": step.plan.joins, "leaves": step.plan.leaves, "role_changes": step.plan.role_changes,
-                         "lent": step.plan.lent, "returned": step.plan.returned,
-                         "actions": [asdict(a) for a in step.plan.actions]},
-            })
-            bar.advance(task)
-    ts = np.array([c[0] for c in completions] + [avail.duration_s])
-    weights = np.diff(ts)
-    mean_completion = float(np.sum(weights * np.array([c[1] for c in completions])) / max(weights.sum(), 1e-9))
+    for ev in result.events:
+        d, p = ev.step.decision, ev.step.plan
+        solve_ms.append(d.proof.solve_ms)
+        optimal += d.proof.status == "optimal"
+        role_changes += p.role_changes
+        records.append({
+            "t_s": round(ev.t_s, 3), "event": ev.event, "elastic_gpus": ev.elastic_gpus,
+            "decision": d.to_json(),
+            "plan": {"joins": p.joins, "leaves": p.leaves, "role_changes": p.role_changes,
+                     "lent": p.lent, "returned": p.returned,
+                     "actions": [asdict(a) for a in p.actions]},
+        })
+    mean_completion = result.mean_predicted_completion_s()
     doc = {
         "config": str(config), "policy": name, "backend": be,
-        "trace": {"path": avail.source, "offset_hours": trace_offset_hours if trace_offset_hours is not None else tspec.offset_hours,
-                  "hours": hours if hours is not None else tspec.hours, "events": len(changes), "mean_elastic_gpus": round(avail.mean_gpus(), 3)},
+        "trace": {"path": result.source, "offset_hours": trace_offset_hours if trace_offset_hours is not None else tspec.offset_hours,
+                  "hours": hours if hours is not None else tspec.hours, "events": len(result.events), "mean_elastic_gpus": round(result.mean_elastic_gpus, 3)},
         "decisions": records,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

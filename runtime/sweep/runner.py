@@ -26,7 +26,7 @@ from runtime.sweep.points import Point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_DIRS = ("models", "planner", "runtime/sim")
-CODE_FILES = ("runtime/traces.py", "runtime/sweep/runner.py")
+CODE_FILES = ("runtime/offline_plan.py", "runtime/traces.py", "runtime/sweep/runner.py")
 # What `pearl compare --json` reports per policy, plus the churn counters a sensitivity study needs.
 SUMMARY_KEYS = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns",
                "role_switches", "mode_switches", "starts", "stops", "lends", "preempted_instances", "decisions", "policy_failures")
@@ -122,58 +122,30 @@ def gate_counts(decision_log: list) -> dict[str, int]:
 
 
 def plan_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours: float, seed: int) -> dict[str, Any]:
-    """The `pearl plan` loop (runtime/commands/plan.py) over the trace window, without writing plan.json.
-
-    Adapter: plan.py's loop lives inside the typer command and takes a config path; a sweep
-    needs it on an overridden in-memory experiment, so the same calls are made here.
-    """
+    """The `pearl plan` loop (runtime/offline_plan.py) over the trace window, summarised for a sweep point."""
     import numpy as np
 
-    from models.builder import build_models
-    from models.config import ConfigError, TraceSpec
-    from planner.inputs import planning_inputs
-    from planner.policies import PlanningError, get_policy
-    from planner.state import TrainerPhase, state_from_cluster_spec
-    from planner.transition import apply_plan
-    from runtime.traces import load_trace
+    from runtime.offline_plan import load_window, plan_over_trace, trace_spec_for
 
-    tspec = spec.trace
-    if flags.path is not None:
-        tspec = (tspec or TraceSpec(path=flags.path)).model_copy(update={"path": str(Path(flags.path).resolve())})
-    if tspec is None:
-        raise ConfigError(spec.source, "trace", None, "a trace section in the config, or --trace FILE (--planner-only plans over a trace)")
-    pool = spec.cluster.gpus_in_pool("elastic")
-    avail = load_trace(tspec, pool_gpus=pool or None, offset_hours=flags.offset_hours, hours=hours)
-    models = build_models(spec)
-    inputs = planning_inputs(models, sum(g.count * g.gpus_per_node for g in spec.cluster.nodes))
-    pol = get_policy(policy, spec.solver.backend)
-    state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
+    del seed  # planning is deterministic
+    t0 = time.perf_counter()
+    tspec = trace_spec_for(spec, flags.path)
+    result = plan_over_trace(spec, policy, spec.solver.backend, tspec, load_window(spec, tspec, flags.offset_hours, hours))
     solve_ms: list[float] = []
-    comp: list[tuple[float, float]] = []
     counts = {"role_changes": 0, "mode_switches": 0, "joins": 0, "leaves": 0, "optimal": 0}
     mode: str | None = None
-    t0 = time.perf_counter()
-    for i, (t, g) in enumerate(avail.changes()):
-        state = state.with_availability("elastic", min(g, pool))
-        try:
-            step = pol.decide(state, inputs, t, "initial" if i == 0 else "availability")
-        except PlanningError as exc:
-            raise ConfigError(spec.source, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
-        d = step.decision
+    for ev in result.events:
+        d, p = ev.step.decision, ev.step.plan
         if mode is not None and d.mode != mode:  # a gated decision reports the kept (current) mode
             counts["mode_switches"] += 1
         mode = d.mode
-        state = apply_plan(state, step.plan)
         solve_ms.append(d.proof.solve_ms)
         counts["optimal"] += d.proof.status in ("optimal", "evaluated")
-        counts["role_changes"] += step.plan.role_changes
-        counts["joins"] += step.plan.joins
-        counts["leaves"] += step.plan.leaves
-        comp.append((t, d.predicted_completion_s))
-    ts = np.array([c[0] for c in comp] + [avail.duration_s])
-    w = np.diff(ts)
-    mean_s = float(np.sum(w * np.array([c[1] for c in comp])) / max(w.sum(), 1e-9))
-    n = len(comp)
+        counts["role_changes"] += p.role_changes
+        counts["joins"] += p.joins
+        counts["leaves"] += p.leaves
+    mean_s = result.mean_predicted_completion_s()
+    n = len(result.events)
     return {
         "decisions": n, "switches": counts["role_changes"] + counts["mode_switches"], "role_changes": counts["role_changes"],
         "mode_switches": counts["mode_switches"], "joins": counts["joins"], "leaves": counts["leaves"],
@@ -236,6 +208,7 @@ def _preload() -> None:
     cache key's digest describes even while the sources change on disk."""
     import models.builder  # noqa: F401
     import planner.policies  # noqa: F401
+    import runtime.offline_plan  # noqa: F401
     import runtime.sim.planner_adapter  # noqa: F401
     import runtime.traces  # noqa: F401
 

@@ -1,0 +1,95 @@
+"""Walk an availability trace and decide at every change: the loop behind `pearl plan` and `pearl sweep --planner-only`.
+
+The trainer is modelled as always training (offline there is no step timeline, so no
+training GPUs are lent); the simulator adds the training/rollout cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from models.config import ConfigError, ExperimentSpec, TraceSpec
+
+
+@dataclass(frozen=True)
+class PlannedEvent:
+    t_s: float
+    event: str  # "initial" | "availability"
+    elastic_gpus: int
+    step: object  # planner.policies step: .decision and .plan
+
+
+@dataclass(frozen=True)
+class OfflinePlan:
+    events: tuple[PlannedEvent, ...]
+    duration_s: float
+    source: str
+    mean_elastic_gpus: float
+    trace: TraceSpec
+
+    def mean_predicted_completion_s(self) -> float:
+        """Time-weighted mean of the predicted batch completion over the window."""
+        ts = np.array([e.t_s for e in self.events] + [self.duration_s])
+        w = np.diff(ts)
+        comp = np.array([e.step.decision.predicted_completion_s for e in self.events])  # type: ignore[attr-defined]
+        return float(np.sum(w * comp) / max(w.sum(), 1e-9))
+
+
+def trace_spec_for(spec: ExperimentSpec, trace: str | Path | None) -> TraceSpec:
+    """The config's trace, or `trace` (format auto-detected unless it is the config's own file)."""
+    tspec = spec.trace
+    if trace is not None:
+        path = str(Path(trace).resolve())
+        same = tspec is not None and Path(tspec.path).resolve() == Path(path)
+        tspec = (tspec or TraceSpec(path=path)).model_copy(update={"path": path, "format": tspec.format if same and tspec else "auto"})
+    if tspec is None:
+        raise ConfigError(spec.source, "trace", None, "a trace section in the config, or --trace FILE")
+    return tspec
+
+
+def load_window(spec: ExperimentSpec, tspec: TraceSpec, offset_hours: float | None = None, hours: float | None = None):
+    """The trace window mapped to the experiment's elastic pool (ConfigError on a bad trace)."""
+    from runtime.traces import load_trace
+
+    pool = spec.cluster.gpus_in_pool("elastic")
+    return load_trace(tspec, pool_gpus=pool or None, offset_hours=offset_hours, hours=hours)
+
+
+def plan_over_trace(
+    spec: ExperimentSpec,
+    policy: str,
+    backend: str,
+    tspec: TraceSpec,
+    avail: object,
+    on_event: Callable[[int, int], None] | None = None,
+) -> OfflinePlan:
+    """Decide at each elastic-GPU change of the window (from `load_window`) and apply each plan to the state."""
+    from models.builder import build_models
+    from planner.inputs import planning_inputs
+    from planner.policies import PlanningError, get_policy
+    from planner.state import TrainerPhase, state_from_cluster_spec
+    from planner.transition import apply_plan
+
+    pool = spec.cluster.gpus_in_pool("elastic")
+    models = build_models(spec)
+    inputs = planning_inputs(models, sum(g.count * g.gpus_per_node for g in spec.cluster.nodes))
+    pol = get_policy(policy, backend)
+    state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
+    changes = avail.changes()  # type: ignore[attr-defined]
+    events: list[PlannedEvent] = []
+    for i, (t, g) in enumerate(changes):
+        state = state.with_availability("elastic", min(g, pool))
+        kind = "initial" if i == 0 else "availability"
+        try:
+            step = pol.decide(state, inputs, t, kind)
+        except PlanningError as exc:
+            raise ConfigError(spec.source, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
+        state = apply_plan(state, step.plan)
+        events.append(PlannedEvent(float(t), kind, int(g), step))
+        if on_event is not None:
+            on_event(i + 1, len(changes))
+    return OfflinePlan(tuple(events), float(avail.duration_s), avail.source, float(avail.mean_gpus()), tspec)  # type: ignore[attr-defined]
