@@ -518,16 +518,19 @@ class Controller:
         import ray
 
         r.status = "down"
-        if r.actor is None:
+        actor = r.actor
+        if actor is None:
             return
         try:
-            await r.actor.stop_slot.remote(r.slot_no)
+            await actor.stop_slot.remote(r.slot_no)
         except _actor_errors():
             pass
         if self.backend == "vllm" and r.slot.pool != "training":
-            ray.kill(r.actor)
-            r.actor = None
-        r.role = None
+            ray.kill(actor)
+            if r.actor is actor:
+                r.actor = None
+        if r.status == "down":
+            r.role = None
 
     # ------------------------------------------------------------------ routing
     def _pick(self, role: str, prefer: str | None) -> SlotRuntime | None:
@@ -568,12 +571,22 @@ class Controller:
 
     async def _call(self, r: SlotRuntime, req: GenRequest) -> GenResult | None:
         r.load += 1
+        actor = r.actor
         try:
-            res: GenResult = await r.actor.generate.remote(r.slot_no, req)
+            res: GenResult = await actor.generate.remote(r.slot_no, req)
             r.served += 1
             return res
         except _actor_errors():
-            self._mark_dead(r)
+            if r.actor is actor and r.status in ("active", "draining"):
+                self._mark_dead(r)  # not one we stopped ourselves: it died
+            return None
+        except Exception as exc:  # the engine inside a live actor failed (e.g. vLLM EngineDeadError)
+            if r.actor is actor and r.status in ("active", "draining"):
+                import ray
+
+                self.metrics.write("engine_failed", worker=r.worker_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                self._mark_dead(r)
+                ray.kill(actor)  # a fresh process takes the slot (the repair decision restarts it)
             return None
         finally:
             r.load -= 1
@@ -753,11 +766,19 @@ class Controller:
         import ray
 
         res = await asyncio.gather(*(a.load_weights.remote(blob_ref, version) for a in actors.values()), return_exceptions=True)
+        failed = 0  # pushes that failed on a worker still meant to serve (not one being stopped)
+        for a, x in zip(actors.values(), res):
+            if isinstance(x, BaseException):
+                live = [r for r in self.rec.values() if r.actor is a and r.status in ("active", "draining", "switching")]
+                failed += bool(live)
+                for r in live:
+                    if isinstance(x, _actor_errors()):
+                        self._mark_dead(r)
         self.blob_ref, self.version = blob_ref, version
         for r in self.rec.values():
             if r.actor is not None and r.status in ("active", "parked", "starting") and r.slot.gpu not in self.dead:
                 r.version = version
-        self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=sum(isinstance(x, BaseException) for x in res))
+        self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=failed, stopped_meanwhile=sum(isinstance(x, BaseException) for x in res) - failed)
         del ray
 
     async def probe_kv_handoff(self, tokens: int = 200) -> dict[str, int]:

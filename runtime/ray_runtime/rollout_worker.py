@@ -110,6 +110,11 @@ class RolloutWorker:
         self.inflight[slot].add(req.request_id)
         try:
             return await engine.generate(req)
+        except Exception:
+            if self.engines.get(slot) is not engine or slot in self.draining:
+                # the engine was stopped or re-roled under this request: an interruption, not a failure
+                return GenResult(req.request_id, (), (), "abort", 0, self.version)
+            raise
         finally:
             self.inflight[slot].discard(req.request_id)
 
