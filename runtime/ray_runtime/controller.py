@@ -367,15 +367,22 @@ class Controller:
         results = await asyncio.gather(*tasks.values(), return_exceptions=True)
         failed = [r for r in results if r is not True]
         if started:
-            if any(r.status != "starting" for r in started) or failed:
+            if failed:
                 # all or nothing: one new worker failed, so none of the group is admitted
                 for r in started:
                     await self._stop_slot(r)
                 self.metrics.write("expansion_cancelled", workers=[r.worker_id for r in started], errors=[str(f) for f in failed])
                 self.log(f"expansion cancelled: {failed}")
             else:
+                # A later plan may have superseded part of the group (stopped or re-roled a slot
+                # it started): that is no failure, so the members still wanted are admitted
+                # together and only the superseded ones stay out.
+                superseded = [r for r in started if r.status != "starting"]
                 for r in started:  # atomic admission
-                    r.status = "active"
+                    if r.status == "starting":
+                        r.status = "active"
+                if superseded:
+                    self.metrics.write("expansion_superseded", workers=[r.worker_id for r in superseded])
         self.transitions += sum(1 for r in results if r is True)
         self.metrics.write("plan_applied", actions=len(plan.actions), ok=sum(1 for r in results if r is True), seconds=round(time.monotonic() - t0, 3))
         errors = [exc for exc in failed if isinstance(exc, BaseException)]
@@ -875,10 +882,11 @@ class Controller:
             await asyncio.gather(rollout_loop(), train_loop())
             if elastic is not None and self.lock.locked():
                 await asyncio.wait([elastic], timeout=300)  # an expansion in flight: let it admit or cancel
-            if self._bg:
-                await asyncio.wait(list(self._bg), timeout=300)
-            if self._plans:
-                await asyncio.wait(list(self._plans), timeout=300)
+            for _ in range(20):  # a finished plan may schedule a repair: wait until nothing is pending
+                pending = list(self._bg) + list(self._plans)
+                if not pending:
+                    break
+                await asyncio.wait(pending, timeout=300)
         finally:
             if elastic is not None:
                 elastic.cancel()
