@@ -516,3 +516,14 @@ def profile_path(spec: ExperimentSpec) -> Path:
     if not (root / "profiles").exists():
         root = CONFIG_ROOT
     return root / "profiles" / f"{spec.profile_name}.json"
+
+
+def lookup_model_and_hardware(model: str | None, hardware: str | None, root: Path = CONFIG_ROOT) -> tuple[LLMSpec, GPUSpec]:
+    """The named LLM and GPU specs (for `pearl profile` / `pearl fit`); ConfigError lists what exists."""
+    llms = load_llms(root)
+    if model not in llms.models:
+        raise ConfigError("configs/llms.yaml", "--model", model, f"one of {sorted(llms.models)}")
+    gpus = load_hardware(root)
+    if hardware not in gpus.gpus:
+        raise ConfigError("configs/hardware.yaml", "--hardware", hardware, f"one of {sorted(gpus.gpus)}")
+    return llms.models[model], gpus.gpus[hardware]

@@ -22,19 +22,14 @@ def fit(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fit prefill and decode coefficients (NNLS on relative error); report train and held-out MAPE."""
-    from models.config import ConfigError, load_hardware, load_llms
+    from models.config import ConfigError, lookup_model_and_hardware
     from models.fit import fit_profile, read_samples
 
     header, rows = read_samples(samples)
     model = model or header.get("model")
     hardware = hardware or header.get("hardware")
     tp = tp or int(header.get("tp", 1))
-    llms = load_llms()
-    if model not in llms.models:
-        raise ConfigError("configs/llms.yaml", "--model", model, f"one of {sorted(llms.models)}")
-    gpus = load_hardware()
-    if hardware not in gpus.gpus:
-        raise ConfigError("configs/hardware.yaml", "--hardware", hardware, f"one of {sorted(gpus.gpus)}")
+    llm, gpu = lookup_model_and_hardware(model, hardware)
     for kind in ("prefill", "decode"):
         if not any(s.kind == kind for s in rows):
             raise ConfigError(samples, "kind", f"no {kind} samples", "both prefill and decode samples")
@@ -42,7 +37,7 @@ def fit(
     machine = header.get("machine", "")
     if header.get("date"):
         machine = f"{machine} (profiled {header['date']})" if machine else f"profiled {header['date']}"
-    report = fit_profile(rows, llms.models[model], gpus.gpus[hardware], tp, name=name, hardware=hardware, model=model, machine=machine, holdout_every=holdout_every)
+    report = fit_profile(rows, llm, gpu, tp, name=name, hardware=hardware, model=model, machine=machine, holdout_every=holdout_every)
     prof = report.profile
     data = prof.to_json()
     notes = [prof.notes, f"samples {samples.name}"]

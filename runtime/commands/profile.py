@@ -32,7 +32,7 @@ def profile(
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
     from dataclasses import replace
 
-    from models.config import ConfigError, load_hardware, load_llms
+    from models.config import ConfigError, lookup_model_and_hardware
     from models.fit import write_samples
     from runtime import profiling
 
@@ -46,12 +46,7 @@ def profile(
         raise ConfigError("--clock", "clock", clock, "wall or thread")
     if clock == "thread" and not cpu_bind.isdigit():
         raise ConfigError("--clock", "clock", clock, "'thread' only with --cpu-bind set to one core (e.g. 0): the engine must compute on one thread")
-    llms = load_llms()
-    if model not in llms.models:
-        raise ConfigError("configs/llms.yaml", "--model", model, f"one of {sorted(llms.models)}")
-    gpus = load_hardware()
-    if hardware not in gpus.gpus:
-        raise ConfigError("configs/hardware.yaml", "--hardware", hardware, f"one of {sorted(gpus.gpus)}")
+    lookup_model_and_hardware(model, hardware)  # bad --model / --hardware: one clear error before an engine starts
     profiling.check_model_dir(model_dir, load_format)
     try:
         import vllm  # noqa: F401
