@@ -57,13 +57,14 @@ def scenario(tmp_path_factory):
             await asyncio.sleep(0.05)
 
     async def prober() -> None:
-        while True:  # as soon as a prefill and a decode engine both serve
+        while True:  # while a prefill and a decode engine both serve; keep the latest probe
             roles = {r.role for r in ctl.rec.values() if r.status == "active"}
             if {"prefill", "decode"} <= roles:
                 probe = await ctl.probe_kv_handoff()
                 if probe.get("decode_generated"):
                     out["probe"] = probe
-                    return
+                    if probe.get("decode_cached_tokens", 0) > 0:  # a probe can race a role change
+                        return
             await asyncio.sleep(0.2)
 
     async def main():
