@@ -8,10 +8,14 @@ uses the clipped importance ratio exp(logp_now - logp_behaviour) (PPO-style), wh
 off-policy correction for stale trajectories. Trajectories older than the staleness bound
 are dropped and counted.
 
-CPU: the tiny model, full parameters, Adam, one process. Not implemented yet: the GPU
-path, which would keep this interface, wrap the model with FSDP2
-(`torch.distributed.fsdp.fully_shard`) across the training pool and gather a full state
-dict on rank 0 for the weight blob.
+Two real backends share this module's batch selection, per-sample loss and metrics, so
+they compute the same update: `Trainer` (backend 'torch': the full model, Adam, one
+process) and `runtime.ray_runtime.fsdp_trainer.FSDPTrainer` (backend 'fsdp': FSDP2
+`fully_shard` over a process group of `trainer_world_size` ranks, gloo on CPU and NCCL on
+CUDA, rank 0 gathering the full state dict for the weight blob). Both keep the interface
+the controller uses: `weights()`, `train_step()`, `get_version()`. The FSDP path is tested
+on CPU (two gloo ranks match the single-process update); a multi-GPU NCCL run has not
+been done (no GPU here).
 """
 
 from __future__ import annotations
@@ -36,6 +40,43 @@ class TrainSample:
     min_version: int  # oldest weight version that generated any of its tokens
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What trains in one step; every FSDP rank derives the same one, so they agree on the normaliser."""
+
+    fresh: tuple[TrainSample, ...]
+    advantages: tuple[float, ...]
+    action_tokens: int  # the loss divides by this global count, whichever rank holds a sample
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Sums over the samples one process trained; merged across ranks before becoming metrics."""
+
+    loss: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_count: int = 0
+    max_abs_log_ratio: float = 0.0
+    clipped: int = 0
+
+    def merge(self, other: LossStats) -> LossStats:
+        return LossStats(
+            self.loss + other.loss,
+            self.ratio_sum + other.ratio_sum,
+            self.ratio_count + other.ratio_count,
+            max(self.max_abs_log_ratio, other.max_abs_log_ratio),
+            self.clipped + other.clipped,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "loss": self.loss,
+            "ratio_mean": self.ratio_sum / self.ratio_count if self.ratio_count else 1.0,
+            "ratio_max_abs_log": self.max_abs_log_ratio,
+            "clipped_tokens": float(self.clipped),
+        }
+
+
 def group_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """GRPO: standardise rewards within each group (a group with equal rewards gets zeros)."""
     adv = np.zeros_like(rewards, dtype=float)
@@ -46,10 +87,62 @@ def group_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float = 1e-6)
     return adv
 
 
-def state_blob(model: Any) -> bytes:
+def select_batch(samples: list[TrainSample], rollout_version: int, staleness: int) -> tuple[Batch, dict[str, float]]:
+    """Drop trajectories past the staleness bound, compute advantages; also the batch's metrics."""
+    fresh = tuple(s for s in samples if rollout_version - s.min_version <= staleness)
+    rewards = np.array([s.reward for s in fresh], dtype=float)
+    adv = group_advantages(rewards, np.array([s.group for s in fresh]))
+    batch = Batch(fresh, tuple(float(a) for a in adv), sum(sum(s.action_mask) for s in fresh))
+    metrics = {
+        "dropped_stale": float(len(samples) - len(fresh)),
+        "samples": float(len(fresh)),
+        "mean_reward": float(rewards.mean()) if fresh else 0.0,
+        "max_staleness": float(max((rollout_version - s.min_version for s in samples), default=0)),
+        "trained_tokens": float(sum(len(s.tokens) for s in fresh)),
+    }
+    return batch, metrics
+
+
+def sample_loss(model: Any, sample: TrainSample, advantage: float, clip_eps: float, action_tokens: int) -> tuple[Any, LossStats]:
+    """Clipped-ratio GRPO loss of one trajectory, already divided by the batch's action tokens.
+
+    Returns the loss tensor (the caller calls backward, so FSDP can choose when to sync) and
+    its statistics.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([sample.tokens], device=device)
+    mask = torch.tensor(sample.action_mask[1:], dtype=torch.bool, device=device)
+    logits = model(input_ids=ids).logits[0, :-1]
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, ids[0, 1:, None])[:, 0][mask]
+    old = torch.tensor(sample.behaviour_logprobs[: int(mask.sum())], dtype=torch.float32, device=device)
+    if old.numel() != logp.numel():
+        logp = logp[: old.numel()]
+    ratio = torch.exp(logp - old)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage
+    loss = -torch.minimum(unclipped, clipped).sum() / max(action_tokens, 1)
+    r = ratio.detach()
+    stats = LossStats(
+        float(loss.detach()),
+        float(r.sum()),
+        int(r.numel()),
+        float(r.log().abs().max()) if r.numel() else 0.0,
+        int(((r - 1).abs() > clip_eps).sum()),
+    )
+    return loss, stats
+
+
+def tensors_blob(tensors: dict[str, Any]) -> bytes:
+    """safetensors bytes: the weight-sync format rollout workers load."""
     import safetensors.torch
 
-    return safetensors.torch.save({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+    return safetensors.torch.save({k: v.detach().contiguous() for k, v in tensors.items()})
+
+
+def state_blob(model: Any) -> bytes:
+    return tensors_blob(model.state_dict())
 
 
 class Trainer:
@@ -80,53 +173,22 @@ class Trainer:
     def train_step(self, samples: list[TrainSample], rollout_version: int) -> tuple[dict[str, float], bytes]:
         """One update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""
         t0 = time.perf_counter()
-        fresh = [s for s in samples if rollout_version - s.min_version <= self.staleness]
-        dropped = len(samples) - len(fresh)
-        rewards = np.array([s.reward for s in fresh], dtype=float)
-        metrics: dict[str, float] = {"dropped_stale": float(dropped), "samples": float(len(fresh)), "mean_reward": float(rewards.mean()) if len(fresh) else 0.0}
-        metrics["max_staleness"] = float(max((rollout_version - s.min_version for s in samples), default=0))
-        trained_tokens = sum(len(s.tokens) for s in fresh)
-        metrics["trained_tokens"] = float(trained_tokens)
+        batch, metrics = select_batch(samples, rollout_version, self.staleness)
         if self.backend == "emulated":
             time.sleep(self.emulated_step_s / self.scale)
             self.version += 1
             metrics.update(version=float(self.version), train_s=time.perf_counter() - t0)
             return metrics, self.weights()
-        import torch
-
-        adv = group_advantages(rewards, np.array([s.group for s in fresh]))
         self.opt.zero_grad()
-        n_tokens = sum(sum(s.action_mask) for s in fresh)
-        total_loss, ratios, clipped = 0.0, [], 0
-        for s, a in zip(fresh, adv):
-            ids = torch.tensor([s.tokens])
-            mask = torch.tensor(s.action_mask[1:], dtype=torch.bool)
-            logits = self.model(input_ids=ids).logits[0, :-1]
-            logp = torch.log_softmax(logits.float(), dim=-1).gather(1, ids[0, 1:, None])[:, 0][mask]
-            old = torch.tensor(s.behaviour_logprobs[: int(mask.sum())], dtype=torch.float32)
-            if old.numel() != logp.numel():
-                logp = logp[: old.numel()]
-            ratio = torch.exp(logp - old)
-            unclipped = ratio * float(a)
-            clip = torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * float(a)
-            loss = -torch.minimum(unclipped, clip).sum() / max(n_tokens, 1)
+        stats = LossStats()
+        for s, a in zip(batch.fresh, batch.advantages):
+            loss, part = sample_loss(self.model, s, a, self.clip, batch.action_tokens)
             loss.backward()
-            total_loss += float(loss.detach())
-            ratios.append(ratio.detach())
-            clipped += int(((ratio - 1).abs() > self.clip).sum())
-        if fresh:
+            stats = stats.merge(part)
+        if batch.fresh:
             self.opt.step()
         self.version += 1
-        allr = torch.cat(ratios) if ratios else torch.ones(1)
-        metrics.update(
-            loss=total_loss,
-            version=float(self.version),
-            train_s=time.perf_counter() - t0,
-            ratio_mean=float(allr.mean()),
-            ratio_max_abs_log=float(allr.log().abs().max()),
-            clipped_tokens=float(clipped),
-            action_tokens=float(n_tokens),
-        )
+        metrics.update(stats.metrics(), version=float(self.version), train_s=time.perf_counter() - t0, action_tokens=float(batch.action_tokens))
         return metrics, self.weights()
 
     def get_version(self) -> int:
