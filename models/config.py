@@ -322,8 +322,17 @@ class RuntimeSpec(Frozen):
     elastic_events: list[ElasticEventSpec] = Field(default_factory=list)
     load_changes: list[LoadChangeSpec] = Field(default_factory=list)
     metrics_path: str = "runs/train-metrics.jsonl"
-    trainer_backend: Literal["torch", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines")
+    trainer_backend: Literal["torch", "fsdp", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines; fsdp shards the torch trainer over trainer_world_size ranks")
+    trainer_world_size: PositiveInt = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: PositiveInt = Field(1, description="emulated backend: actors hosting the virtual GPUs")
+
+    @field_validator("trainer_world_size")
+    @classmethod
+    def _world_size_needs_fsdp(cls, v: int, info: Any) -> int:
+        backend = info.data.get("trainer_backend")
+        if v > 1 and backend != "fsdp":
+            raise ValueError(f"1 unless trainer_backend is fsdp (trainer_backend is {backend!r}; the torch trainer is one process)")
+        return v
 
 
 class ExperimentSpec(Frozen):

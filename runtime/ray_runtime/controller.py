@@ -144,7 +144,7 @@ class Controller:
         self.scale = self.rt.time_scale
         self.model_path = resolve_model_path(spec) if self.backend == "vllm" else None
         self.trainer_backend = self.rt.trainer_backend or ("torch" if self.backend == "vllm" else "emulated")
-        if self.trainer_backend == "torch" and self.model_path is None:
+        if self.trainer_backend in ("torch", "fsdp") and self.model_path is None:
             self.model_path = resolve_model_path(spec)
         self.base_state = state_from_cluster_spec(spec.cluster, TrainerPhase("waiting", 0.0))
         self.slots = make_slots(self.base_state, self.rt.bindings)
@@ -217,6 +217,7 @@ class Controller:
         from planner.inputs import planning_inputs
         from planner.policies import get_policy
         from runtime.ray_runtime.env_worker import EnvWorker
+        from runtime.ray_runtime.fsdp_trainer import FSDPTrainer
         from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
         from runtime.ray_runtime.trainer import Trainer
 
@@ -229,9 +230,12 @@ class Controller:
         self.tracker = RuntimeTracker(spec, load_profile(profile_path(spec)), env_scale=1.0)
         self.policy = get_policy(spec.policy.name)
         self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.slots))
-        self.trainer = self._remote(Trainer).remote(
-            self.model_path if self.trainer_backend == "torch" else None, self.rt.lr, self.rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, self._emulated_train_s(), self.scale
-        )
+        if self.trainer_backend == "fsdp":  # same interface; the actor spawns its rank processes
+            self.trainer = self._remote(FSDPTrainer).remote(self.model_path, self.rt.lr, self.rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=self.rt.trainer_world_size)
+        else:
+            self.trainer = self._remote(Trainer).remote(
+                self.model_path if self.trainer_backend == "torch" else None, self.rt.lr, self.rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, self._emulated_train_s(), self.scale
+            )
         tok = self.model_path if self.backend == "vllm" else None
         self.env = self._remote(EnvWorker, max_concurrency=100000).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
         if self.backend == "emulated":
