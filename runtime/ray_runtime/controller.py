@@ -37,7 +37,7 @@ from models.config import ConfigError, ExperimentSpec
 from models.step_latency import load_profile
 from models.config import profile_path
 from runtime.ray_runtime.engines import EngineSettings, GenRequest, GenResult
-from runtime.ray_runtime.resources import AvailabilityChange, Slot, elastic_schedule, make_slots, ray_resources
+from runtime.ray_runtime.resources import AvailabilityChange, Slot, elastic_schedule, make_slots, ray_resources, resolve_device, slot_env
 from runtime.ray_runtime.telemetry import MetricsWriter, RuntimeTracker, StepTelemetry
 from runtime.ray_runtime.trainer import TrainSample
 
@@ -147,7 +147,8 @@ class Controller:
         if self.trainer_backend in ("torch", "fsdp") and self.model_path is None:
             self.model_path = resolve_model_path(spec)
         self.base_state = state_from_cluster_spec(spec.cluster, TrainerPhase("waiting", 0.0))
-        self.slots = make_slots(self.base_state, self.rt.bindings)
+        self.device = resolve_device(self.rt.device) if self.backend == "vllm" else "cpu"
+        self.slots = make_slots(self.base_state, self.rt.bindings, device=self.device)
         self.rec: dict[str, SlotRuntime] = {s.gpu: SlotRuntime(s, slot_no=s.index) for s in self.slots}
         self.elastic_total = sum(1 for s in self.slots if s.pool == "elastic")
         self.elastic_available = self.elastic_total
@@ -508,8 +509,7 @@ class Controller:
             info = await r.actor.switch_role.remote(r.slot_no, role)
         else:
             if self.backend == "vllm" and (r.actor is None or r.slot.gpu in self.dead):
-                env = {"VLLM_CPU_OMP_THREADS_BIND": r.slot.binding}
-                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": env}, max_concurrency=1000).remote("vllm", self._engine_settings())
+                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": slot_env(r.slot, self.device)}, max_concurrency=1000).remote("vllm", self._engine_settings())
             r.status = "starting"
             info = await r.actor.start_slot.remote(r.slot_no, role)
         if not info.get("ok"):
@@ -635,7 +635,9 @@ class Controller:
                 t.last["prefill"] = first.slot.gpu
                 res = await self._call(second, GenRequest(rid + "-d", ctx, want, "decode", self.rt.temperature, kv_params=pre.kv_params))
                 t.last["decode"] = second.slot.gpu
-                if res is not None and res.cached_tokens > 0:
+                # ExampleConnector: the decode engine's cached tokens are the KV it loaded;
+                # NixlConnector: the request carries the prefill engine's block ids to pull
+                if res is not None and res.token_ids and (res.cached_tokens > 0 or pre.kv_params):
                     self.kv_handoffs += 1
             if res is None:
                 self.resumed_turns += 1
@@ -792,11 +794,19 @@ class Controller:
         self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=failed, stopped_meanwhile=sum(isinstance(x, BaseException) for x in res) - failed)
         del ray
 
+    async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:
+        try:
+            return await r.actor.kv_stats.remote(r.slot_no)
+        except _actor_errors():
+            return {}
+
     async def probe_kv_handoff(self, tokens: int = 200) -> dict[str, int]:
         """Prefill a never-seen prompt on a prefill worker, decode it on a decode worker.
 
         The decode engine cannot have this prompt in its own prefix cache, so cached tokens
-        on its side can only be KV handed over by the connector from the prefill engine.
+        on its side (ExampleConnector) can only be KV handed over from the prefill engine.
+        NixlConnector's decode side reports the prefill side's cache hits instead; there the
+        decode engine's transfer counters (KV bytes pulled during the probe) are the evidence.
         """
         p, d = self._pick("prefill", None), self._pick("decode", None)
         if p is None or d is None:
@@ -804,9 +814,17 @@ class Controller:
         rng = np.random.default_rng(int(time.time_ns() % 2**32))
         ids = tuple(int(x) for x in rng.integers(10, 1000, tokens))
         rid = f"probe-{uuid.uuid4().hex[:8]}"
+        before = await self._kv_stats(d)
         pre = await self._call(p, GenRequest(rid + "-p", ids, 1, "prefill", 0.0))
         res = await self._call(d, GenRequest(rid + "-d", ids, 4, "decode", 0.0, kv_params=pre.kv_params if pre else None))
-        out = {"prompt_tokens": tokens, "decode_cached_tokens": int(res.cached_tokens) if res else 0, "decode_generated": len(res.token_ids) if res else 0}
+        after = await self._kv_stats(d)
+        out = {
+            "prompt_tokens": tokens,
+            "decode_cached_tokens": int(res.cached_tokens) if res else 0,
+            "decode_generated": len(res.token_ids) if res else 0,
+            "decode_kv_transfers": int(after.get("transfers", 0) - before.get("transfers", 0)),
+            "decode_kv_bytes": int(after.get("bytes", 0.0) - before.get("bytes", 0.0)),
+        }
         self.metrics.write("kv_probe", prefill=p.worker_id, decode=d.worker_id, **out)
         return out
 

@@ -41,14 +41,51 @@ def resource_name(index: int) -> str:
     return f"pearl_gpu_{index}"
 
 
-def make_slots(state: ClusterState, bindings: list[str] | None = None, cores: int | None = None) -> tuple[Slot, ...]:
-    """One slot per GPU; binding from config, else the slot's core (index mod core count)."""
+def make_slots(state: ClusterState, bindings: list[str] | None = None, cores: int | None = None, device: str = "cpu") -> tuple[Slot, ...]:
+    """One slot per GPU; binding from config, else the slot's core (index mod core count) on
+    CPU, or the GPU's device index on its node with CUDA."""
     cores = cores or os.cpu_count() or 1
     out = []
+    on_node: dict[str, int] = {}
     for i, g in enumerate(state.gpus):
-        bind = bindings[i % len(bindings)] if bindings else str(i % cores)
+        local = on_node.get(g.node, 0)
+        on_node[g.node] = local + 1
+        default = str(local) if device == "cuda" else str(i % cores)
+        bind = bindings[i % len(bindings)] if bindings else default
         out.append(Slot(g.id, i, g.pool, resource_name(i), bind))
     return tuple(out)
+
+
+NIXL_BASE_PORT = 5600
+NIXL_PORT_STRIDE = 16  # vLLM adds the engine's TP / DP rank to the side-channel base port
+
+
+def slot_env(slot: Slot, device: str) -> dict[str, str]:
+    """Environment of the process that owns a slot's engine: its fixed binding and its own
+    NIXL side-channel port (engines of one node must not share it).
+
+    With CUDA, Ray would set CUDA_VISIBLE_DEVICES='' for an actor that asks for no `GPU`
+    resource (slots are custom resources), so the binding is set here and Ray told not to
+    override it. On CPU the binding pins the engine's threads to its cores.
+    """
+    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_BASE_PORT + NIXL_PORT_STRIDE * slot.index)}
+    if device == "cuda":
+        env.update(CUDA_VISIBLE_DEVICES=slot.binding, RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1")
+    else:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = slot.binding
+    return env
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means CUDA when this process sees a GPU; a driver without GPUs must say 'cuda'."""
+    if device != "auto":
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
 
 
 def ray_resources(slots: tuple[Slot, ...]) -> dict[str, float]:
