@@ -80,6 +80,7 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None: ...
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]: ...
     async def checksum(self) -> float: ...
+    async def kv_stats(self) -> dict[str, float]: ...
     async def shutdown(self) -> None: ...
 
 
@@ -103,6 +104,33 @@ def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
     )
 
 
+def kv_transfer_logger(tally: dict[str, float]) -> Any:
+    """A vLLM stat-logger factory that adds the connector's transfer stats into `tally`.
+
+    The KV a decode engine pulled is the evidence of a P -> D handoff that does not depend on
+    the connector: with NixlConnector the decode side reports the prefill side's cache hits as
+    its own cached tokens, so only the transfer counters show the KV really moved.
+    ExampleConnector reports no transfer stats (its loads show as cached tokens instead).
+    """
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class KVTransferTally(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
+            tally["transfers"] += len(data.get("transfer_duration", ()))
+            tally["bytes"] += float(sum(data.get("bytes_transferred", ())))
+            tally["seconds"] += float(sum(data.get("transfer_duration", ())))
+            tally["failed"] += len(data.get("num_failed_transfers", ()))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return KVTransferTally
+
+
 class VLLMEngine:
     """One vLLM AsyncLLM in a role. Role changes rebuild the engine (the connector is fixed at start)."""
 
@@ -111,6 +139,7 @@ class VLLMEngine:
         self.weight_version = 0
         self._engine: Any = None
         self._blob: bytes | None = None  # latest weights, reloaded after a restart
+        self.kv_tally = {"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0}  # KV this engine pulled
 
     async def start(self) -> dict[str, Any]:
         if not os.path.exists(os.path.join(self.settings.model, "config.json")):
@@ -136,7 +165,8 @@ class VLLMEngine:
                     gpu_memory_utilization=s.gpu_memory_utilization,
                     kv_transfer_config=kv_transfer_config(s, self.role),
                     worker_extension_cls=EXTENSION_CLS,
-                )
+                ),
+                stat_loggers=[kv_transfer_logger(self.kv_tally)],
             )
         except Exception as exc:  # vLLM raises many types; the caller needs one clear line
             raise EngineStartError(f"vLLM engine ({self.role}, model {s.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
@@ -201,6 +231,9 @@ class VLLMEngine:
         finally:
             await self._engine.resume_generation()
         return {"pause_s": t1 - t0, "total_s": time.perf_counter() - t0}
+
+    async def kv_stats(self) -> dict[str, float]:
+        return dict(self.kv_tally)
 
     async def checksum(self) -> float:
         res = await self._engine.collective_rpc("pearl_weights_checksum")
@@ -339,6 +372,9 @@ class EmulatedEngine:
 
     async def checksum(self) -> float:
         return float(self.weight_version)
+
+    async def kv_stats(self) -> dict[str, float]:
+        return {"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0}  # the model moves no KV
 
     async def shutdown(self) -> None:
         for name in list(self._by_name):

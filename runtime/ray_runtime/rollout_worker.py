@@ -135,6 +135,11 @@ class RolloutWorker:
     async def checksum(self, slot: int) -> float:
         return await self.engines[slot].checksum()
 
+    async def kv_stats(self, slot: int) -> dict[str, float]:
+        """KV transfers the slot's engine has pulled from prefill engines (connector counters)."""
+        engine = self.engines.get(slot)
+        return await engine.kv_stats() if engine is not None else {}
+
     async def busy_seconds(self) -> dict[int, float]:
         return {slot: float(getattr(e, "busy_s", 0.0)) for slot, e in self.engines.items()}
 
