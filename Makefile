@@ -11,7 +11,8 @@ export RAY_AUTH_MODE := disabled
 export PYTHONDONTWRITEBYTECODE := 1
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 REQS := requirements/$(if $(HAS_GPU),gpu,cpu).txt
-STAMP := $(VENV)/.installed-$(shell cat $(REQS) pyproject.toml | sha1sum | cut -c1-12)
+NODEPS := $(if $(HAS_GPU),,requirements/cpu-nodeps.txt)
+STAMP := $(VENV)/.installed-$(shell cat $(REQS) $(NODEPS) pyproject.toml | sha1sum | cut -c1-12)
 TINY := artifacts/models/tiny/config.json
 CONFIG ?= configs/experiments/default.yaml
 
@@ -20,10 +21,11 @@ CONFIG ?= configs/experiments/default.yaml
 venv: $(STAMP)
 model: $(TINY)
 
-$(STAMP): $(REQS) pyproject.toml
+$(STAMP): $(REQS) $(NODEPS) pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing pinned dependencies from $(REQS) (first run only: a few minutes)"
 	$(VENV)/bin/pip install -qq --disable-pip-version-check -r $(REQS)
+	$(if $(NODEPS),$(VENV)/bin/pip install -qq --disable-pip-version-check --no-deps -r $(NODEPS))
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
 	@# beside the CPU torch; triton has no CPU backend. vLLM runs without all four.
 	@if [ -z "$(HAS_GPU)" ]; then $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
