@@ -2,7 +2,8 @@
 
 One short run of `configs/experiments/train-cpu-nixl.yaml`: a prefill engine and a decode
 engine (kv_both, UCX, KV buffers in CPU memory), each in its own Ray actor with its own NIXL
-side-channel port (runtime.ray_runtime.resources.slot_env), two GRPO steps. A probe prefills
+side-channel port (runtime.ray_runtime.resources.slot_env), two GRPO steps trained by the
+FSDP2 trainer over two gloo ranks. A probe prefills
 a random prompt no engine has seen on the prefill engine and decodes it on the decode engine;
 the decode engine's connector counters show the KV bytes it pulled over NIXL.
 """
@@ -85,8 +86,12 @@ def test_nixl_hands_kv_from_prefill_to_decode_engine(nixl_run):
     assert {r["role"] for r in starts.values()} == {"prefill", "decode"}, starts
 
 
-def test_nixl_run_trains_and_loses_nothing(nixl_run):
+def test_nixl_run_trains_with_fsdp_and_loses_nothing(nixl_run):
     s = nixl_run["summary"]
+    steps = [r for r in nixl_run["records"] if r["record"] == "train_step"]
+    # the FSDP2 trainer (two gloo ranks) ran under the controller's Ray actor and trained
+    assert [r["train_world_size"] for r in steps] == [2.0] * STEPS, steps
+    assert all(r["train_samples"] > 0 for r in steps)
     assert s.steps == STEPS and s.weight_version == STEPS
     assert s.modes_used == ["disaggregated"]
     assert s.lost_trajectories == 0 and s.kv_handoffs > 0
