@@ -92,6 +92,14 @@ def test_emulated_engine_generates_keeps_prefix_on_abort_and_reuses_cache():
         res = await long
         assert res.finish_reason == "abort" and 0 < len(res.token_ids) < 100000
         await e.shutdown()
+        # the workload's prefix_cache_hit: only that share of a held prefix hits (as in the
+        # simulator and the predictor), the rest is prefilled again
+        part = EmulatedEngine(step_model, "colocated", vocab=1000, time_scale=1.0, prefix_cache_hit=0.25)
+        await part.start()
+        await part.generate(GenRequest("a", prompt, 20, "full"))
+        again = await part.generate(GenRequest("b", prompt + (5, 6, 7), 10, "full"))
+        assert again.cached_tokens == int(0.25 * 288)  # 9 full 32-token blocks of the 290 held
+        await part.shutdown()
 
     asyncio.run(main())
 

@@ -242,7 +242,7 @@ class Controller:
         if self.backend == "emulated":
             models = self.tracker.models()
             costs = models.costs
-            em = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s)
+            em = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit)
             self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em) for _ in range(self.rt.hosts)]
             for r in self.rec.values():
                 r.actor = self.hosts[r.slot.index % len(self.hosts)]

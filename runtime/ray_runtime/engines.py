@@ -264,7 +264,7 @@ class EmulatedEngine:
     scheduling and scale (many virtual GPUs in one process), not for learning.
     """
 
-    def __init__(self, step_model: Any, role: Role, vocab: int = 1024, time_scale: float = 1.0, seed: int = 0, block: int = 32) -> None:
+    def __init__(self, step_model: Any, role: Role, vocab: int = 1024, time_scale: float = 1.0, seed: int = 0, block: int = 32, prefix_cache_hit: float = 1.0) -> None:
         import numpy as np
 
         from models.engine import Engine as EngineModel
@@ -275,6 +275,7 @@ class EmulatedEngine:
         self._step_model = step_model
         self._model = EngineModel(EngineConfig.for_model(step_model, role))
         self._vocab, self._scale, self._block = vocab, time_scale, block
+        self._hit = prefix_cache_hit  # the workload's share of a held prefix that hits (as simulator and predictor)
         self._rng = np.random.default_rng(seed)
         self._prefix: set[bytes] = set()
         self._pending: dict[int, _Pending] = {}
@@ -301,7 +302,7 @@ class EmulatedEngine:
             if hash(ids[:n]).to_bytes(8, "little", signed=True) not in self._prefix:
                 break
             best = n
-        return best
+        return best if self._hit >= 1.0 else int(self._hit * best)
 
     def _remember(self, ids: tuple[int, ...]) -> None:
         if len(self._prefix) > 500_000:

@@ -30,6 +30,7 @@ class EmulatedSettings:
     vocab: int = 1024
     role_switch_s: float = 25.0
     engine_start_s: float = 20.0
+    prefix_cache_hit: float = 1.0
 
 
 class RolloutWorker:
@@ -52,7 +53,7 @@ class RolloutWorker:
             return VLLMEngine(self.settings, role)
         assert self.emulated is not None
         e = self.emulated
-        return EmulatedEngine(e.step_model, role, e.vocab, e.time_scale, seed=slot)
+        return EmulatedEngine(e.step_model, role, e.vocab, e.time_scale, seed=slot, prefix_cache_hit=e.prefix_cache_hit)
 
     async def start_slot(self, slot: int, role: Role) -> dict[str, Any]:
         """Start the slot's engine and bring it to the latest weights before it is admitted."""

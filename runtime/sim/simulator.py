@@ -127,6 +127,7 @@ class Simulator:
         self.tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
         self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization, max_batched_tokens=max_batched_tokens) for r in ROLES}  # type: ignore[arg-type]
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
+        self.hit = spec.workload.prefix_cache_hit
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
         self.B = spec.workload.trajectories_per_batch
         # Granularity: a cohort is `cohort` members of one GRPO group simulated as identical
@@ -297,12 +298,16 @@ class Simulator:
         return tr.plan.new_tokens[k] + tr.g + again
 
     def _request(self, tr: Traj, inst: Instance, decode: bool) -> Request:
+        """On the trajectory's home engine, the workload's `prefix_cache_hit` share of the
+        earlier context it holds is a cache hit and the rest is prefilled again (as the
+        predictor assumes); elsewhere the whole context is prefilled."""
         k = tr.turn
         new = tr.plan.new_tokens[k] + tr.g if decode else self._pd_new(tr)
         fresh = tr.plan.new_tokens[k] + tr.g
         cached = tr.home is not None and tr.home == (inst.iid, inst.gen)
-        prefix, fill = (tr.ctx + fresh - new, new) if cached else (0, tr.ctx + fresh)
-        return Request(tr.tid, fill, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
+        held = tr.ctx + fresh - new if cached else 0
+        prefix = held if self.hit >= 1.0 else int(self.hit * held)
+        return Request(tr.tid, tr.ctx + fresh - prefix, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
 
     def _dispatch(self, tr: Traj) -> None:
         path = None if self.now < self.paused_until else self._path(tr)
