@@ -1,6 +1,8 @@
 """Build the tiny test model locally (no hub): a random Qwen2 decoder and a BPE tokenizer.
 
 usage: python scripts/make_tiny_model.py OUT_DIR
+       python scripts/make_tiny_model.py OUT_DIR --small        (random Qwen2, ~9.5M params: prefill
+                                                                 costs many decode steps on one core)
        python scripts/make_tiny_model.py OUT_DIR --qwen3-0.6b   (config + tokenizer only, for load_format=dummy)
 
 The tokenizer is trained on a small generated corpus of agent/tool words and digits, so
@@ -57,6 +59,7 @@ def build_tokenizer(out: Path, vocab: int):
 
 
 def build_tiny(out: Path, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> int:
+    """Random Qwen2 in fp32 with the local tokenizer; returns the parameter count."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -92,7 +95,9 @@ def write_qwen3_06b_config(out: Path) -> None:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out")
-    ap.add_argument("--qwen3-0.6b", dest="qwen3", action="store_true")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--qwen3-0.6b", dest="qwen3", action="store_true")
+    size.add_argument("--small", action="store_true", help="hidden 384, 4 layers: where P/D disaggregation can pay on CPU")
     a = ap.parse_args(argv)
     t0 = time.time()
     out = Path(a.out)
@@ -100,6 +105,9 @@ def main(argv: list[str]) -> int:
     if a.qwen3:
         write_qwen3_06b_config(out)
         print(f"wrote Qwen3-0.6B config (dummy weights) to {out} in {time.time() - t0:.1f}s")
+    elif a.small:
+        n = build_tiny(out, hidden=384, layers=4, heads=6, kv_heads=2)
+        print(f"built small Qwen2 ({n} params) in {out} in {time.time() - t0:.1f}s")
     else:
         n = build_tiny(out)
         print(f"built tiny Qwen2 ({n} params) in {out} in {time.time() - t0:.1f}s")
