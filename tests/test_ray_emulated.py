@@ -48,6 +48,12 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     assert len(steps) == 3 and all(r["rollout_s"] > 0 and r["predicted_s"] > 0 for r in steps)
     # elastic GPUs vanish (12 -> 0) and return: each change is an availability decision
     assert [r["elastic"] for r in recs if r["record"] == "availability"] == [0, 12]
+    # capacity drives the PD mode: with only the 4 reserved GPUs (elastic gone, lent GPUs
+    # handed back for training) the planner colocates two TP2 engines; with elastic or
+    # borrowed GPUs it disaggregates. Every flip is the planner's answer to a capacity event.
+    flips = [(a["mode"], b["mode"], b["event"]) for a, b in zip(decisions, decisions[1:]) if a["mode"] != b["mode"]]
+    assert ("disaggregated", "colocated") in {f[:2] for f in flips} and ("colocated", "disaggregated") in {f[:2] for f in flips}, flips
+    assert all(ev in ("availability", "training_begin", "training_end") for _, _, ev in flips), flips
     # borrowed training GPUs are handed back before every training step
     for i, d in enumerate(decisions):
         if d["lent_gpus"] > 0:
