@@ -18,7 +18,8 @@ Stepping the engine ourselves measures whole engine steps (schedule + forward + 
 as token ids with detokenize=False, like an RL rollout does. The engine runs in our
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a step pays no IPC; a served engine
 (AsyncLLM, engine core in its own process) adds that, which experiments/
-validate_predictor.py measures. Context lengths should be multiples of the block size
+validate_predictor.py measures; `--clock served` measures that served engine instead
+(runtime/profiling_served.py). Context lengths should be multiples of the block size
 (only full blocks are cached). Shapes whose prefill exceeds the engine's token budget
 (max_num_batched_tokens) are skipped: the engine would chunk them into several steps.
 
@@ -32,7 +33,7 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                "repeats": int, "decode_steps": int, "points": int},
       "engine": {dtype, load_format, max_model_len, block_size, max_num_batched_tokens,
                  enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind, seed,
-                 clock ("wall" or "thread": what "seconds" below measured)},
+                 clock ("wall", "thread" or "served": what "seconds" below measured)},
       "engine_start_s": seconds, "wall_s": seconds the whole run took,
       "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
   then one object per measured step shape:
@@ -120,7 +121,7 @@ class EngineSettings:
     kv_cache_gib: int = 1
     cpu_threads_bind: str = "auto"
     seed: int = 0
-    clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point
+    clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point; "served": runtime.profiling_served
 
     def engine_kwargs(self) -> dict[str, Any]:
         return dict(
@@ -325,7 +326,12 @@ def profile_engine(
     points = grid.points(settings.max_model_len, settings.max_num_batched_tokens)
     if not points:
         raise ConfigError("--grid", grid.name, "no points", f"points with context + prompt + {grid.decode_steps + 1} <= --max-model-len {settings.max_model_len} and batch x prompt <= --max-num-batched-tokens {settings.max_num_batched_tokens}")
-    profiler = EngineProfiler(settings)
+    if settings.clock == "served":
+        from runtime.profiling_served import ServedProfiler
+
+        profiler: EngineProfiler | ServedProfiler = ServedProfiler(settings)
+    else:
+        profiler = EngineProfiler(settings)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     profiler.start()

@@ -66,6 +66,25 @@ def test_profile_writes_real_step_timings(profiled) -> None:
 
 
 @pytest.mark.vllm
+def test_served_profile_times_an_asyncllm_engine(tmp_path: Path) -> None:
+    """`--clock served`: the engine core runs in its own process as in rollouts; its steps are
+    timed from the core's per-request timestamps, all n prefills in one step (checked)."""
+    out = tmp_path / "served.jsonl"
+    res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32",
+                 "--cpu-bind", "0", "--clock", "served", "--repeats", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    header, samples = read_samples(out)
+    assert header["engine"]["clock"] == "served" and header["grid"]["points"] == 8
+    prefill = [s for s in samples if s.kind == "prefill"]
+    decode = [s for s in samples if s.kind == "decode"]
+    assert len(prefill) == len(decode) == 8 and all(s.seconds > 0 for s in samples)
+    assert {s.prefill_prefix_tokens for s in prefill} == {0.0, 64.0, 16 * 64.0}
+    big = max(prefill, key=lambda s: s.prefill_tokens)
+    small = min(prefill, key=lambda s: s.prefill_tokens)
+    assert big.seconds > small.seconds  # 2048 vs 16 new tokens in one step
+
+
+@pytest.mark.vllm
 def test_fit_on_profiled_samples_writes_loadable_profile(profiled, tmp_path: Path) -> None:
     _, _, samples = profiled
     out = tmp_path / "cpu-tiny-test.json"

@@ -26,7 +26,7 @@ def profile(
     kv_cache_gib: int = typer.Option(1, "--kv-cache-gib", min=1, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
     cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=64, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
-    clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, immune to other processes)"),
+    clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, immune to other processes) | served (an AsyncLLM engine in its own process, as rollouts run it: the engine core's per-request timestamps)"),
     repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
@@ -42,8 +42,8 @@ def profile(
         raise ConfigError("--dtype", "dtype", dtype, "auto, float32, bfloat16 or float16")
     if load_format not in ("auto", "dummy"):
         raise ConfigError("--load-format", "load_format", load_format, "auto or dummy")
-    if clock not in ("wall", "thread"):
-        raise ConfigError("--clock", "clock", clock, "wall or thread")
+    if clock not in ("wall", "thread", "served"):
+        raise ConfigError("--clock", "clock", clock, "wall, thread or served")
     if clock == "thread" and not cpu_bind.isdigit():
         raise ConfigError("--clock", "clock", clock, "'thread' only with --cpu-bind set to one core (e.g. 0): the engine must compute on one thread")
     lookup_model_and_hardware(model, hardware)  # bad --model / --hardware: one clear error before an engine starts
