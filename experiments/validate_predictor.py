@@ -341,7 +341,7 @@ def main() -> None:
     import vllm
 
     result = {
-        "experiment": str(Path(args.config).relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
+        "experiment": str(Path(args.config).resolve().relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.uname().nodename}: {os.cpu_count()} cores; vllm {vllm.__version__}, torch {torch.__version__}",
         "engines": {"colocated": "2 AsyncLLM engines, one per core", "disaggregated": "1 prefill (kv_producer) + 1 decode (kv_consumer) AsyncLLM engine, one per core, ExampleConnector"},
