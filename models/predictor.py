@@ -174,8 +174,11 @@ class RolloutPredictor:
         rr = r * tau
         busy = prefill_busy + m * rr / cc
         if interfere:
-            s = prefill_busy + fixed_path + rr
-            path = 0.5 * (s + np.sqrt(np.maximum(s * s - 4.0 * fixed_path * prefill_busy, 0.0)))
+            # a trajectory's own prefill precedes its decode (it is in F): only the other
+            # trajectories' prefills, (m - 1)/m of the engine's, interrupt its decode
+            pi = prefill_busy * np.clip((m - 1.0) / m, 0.0, 1.0)
+            s = pi + fixed_path + rr
+            path = 0.5 * (s + np.sqrt(np.maximum(s * s - 4.0 * fixed_path * pi, 0.0)))
             t = np.maximum(path, busy)
             d = rr * t / (t - prefill_busy)
         else:
