@@ -13,16 +13,11 @@ reserved, one elastic) so engines are started once for the whole module:
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 
 import pytest
+from controller_runs import probe_until, run_controller
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 CONFIG = "configs/experiments/train-cpu-scenario.yaml"
 STEPS = 6
@@ -33,15 +28,10 @@ def scenario(tmp_path_factory):
     import ray  # noqa: F401  (must be installed: the test fails, not skips, without it)
     import vllm  # noqa: F401
 
-    from models.config import load_experiment
-    from runtime.ray_runtime.controller import Controller
+    killed: dict = {}
+    probes: list[dict] = []
 
-    spec = load_experiment(CONFIG)
-    metrics = tmp_path_factory.mktemp("ray") / "metrics.jsonl"
-    ctl = Controller(spec, metrics_path=str(metrics), log=lambda m: print(m, flush=True))
-    out: dict = {"killed": None, "probe": None}
-
-    async def killer() -> None:
+    async def killer(ctl) -> None:
         import ray
 
         while ctl.current_batch < 3:  # batch 3 runs two colocated engines: survivors take over
@@ -51,35 +41,17 @@ def scenario(tmp_path_factory):
             busy = [r for r in active if r.load > 0]
             if len(active) >= 2 and busy:
                 victim = max(busy, key=lambda r: r.load)
-                out["killed"] = (victim.worker_id, victim.load, [r.worker_id for r in active if r is not victim])
+                killed["worker"] = (victim.worker_id, victim.load, [r.worker_id for r in active if r is not victim])
                 ray.kill(victim.actor)
                 return
             await asyncio.sleep(0.05)
 
-    async def prober() -> None:
-        while True:  # while a prefill and a decode engine both serve; keep the latest probe
-            roles = {r.role for r in ctl.rec.values() if r.status == "active"}
-            if {"prefill", "decode"} <= roles:
-                probe = await ctl.probe_kv_handoff()
-                if probe.get("decode_generated"):
-                    out["probe"] = probe
-                    if probe.get("decode_cached_tokens", 0) > 0:  # a probe can race a role change
-                        return
-            await asyncio.sleep(0.2)
+    def side(ctl):
+        return [killer(ctl), probe_until(ctl, probes, lambda p: p.get("decode_cached_tokens", 0) > 0)]
 
-    async def main():
-        tasks = [asyncio.ensure_future(killer()), asyncio.ensure_future(prober())]
-        try:
-            out["summary"] = await ctl.run(STEPS)
-            out["versions"] = await ctl.worker_versions()
-            out["trajectories"] = list(ctl.trajectories)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await ctl.shutdown()
-
-    asyncio.run(main())
-    out["records"] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    out = run_controller(CONFIG, STEPS, tmp_path_factory.mktemp("ray") / "metrics.jsonl", side)
+    out["killed"] = killed.get("worker")
+    out["probe"] = probes[-1] if probes else None  # the proving probe, else the latest
     return out
 
 

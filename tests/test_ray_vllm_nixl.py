@@ -3,24 +3,17 @@
 One short run of `configs/experiments/train-cpu-nixl.yaml`: a prefill engine and a decode
 engine (kv_both, UCX, KV buffers in CPU memory), each in its own Ray actor with its own NIXL
 side-channel port (runtime.ray_runtime.resources.slot_env), two GRPO steps trained by the
-FSDP2 trainer over two gloo ranks. A probe prefills
-a random prompt no engine has seen on the prefill engine and decodes it on the decode engine;
-the decode engine's connector counters show the KV bytes it pulled over NIXL.
+FSDP2 trainer over two gloo ranks. A probe prefills a random prompt no engine has seen on
+the prefill engine and decodes it on the decode engine; the decode engine's connector
+counters show the KV bytes it pulled over NIXL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-
 import pytest
+from controller_runs import probe_until, run_controller
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 CONFIG = "configs/experiments/train-cpu-nixl.yaml"
 STEPS = 2
@@ -36,37 +29,10 @@ def nixl_run(tmp_path_factory):
     import ray  # noqa: F401
     import vllm  # noqa: F401
 
-    from models.config import load_experiment
-    from runtime.ray_runtime.controller import Controller
-
-    spec = load_experiment(CONFIG)
-    metrics = tmp_path_factory.mktemp("nixl") / "metrics.jsonl"
-    ctl = Controller(spec, metrics_path=str(metrics), log=lambda m: print(m, flush=True))
-    out: dict = {"probes": []}
-
-    async def prober() -> None:
-        while True:
-            roles = {r.role for r in ctl.rec.values() if r.status == "active"}
-            if {"prefill", "decode"} <= roles:
-                probe = await ctl.probe_kv_handoff()
-                out["probes"].append(probe)
-                if probe.get("decode_kv_bytes", 0) > 0:
-                    return
-            await asyncio.sleep(0.2)
-
-    async def main():
-        task = asyncio.ensure_future(prober())
-        try:
-            out["summary"] = await ctl.run(STEPS)
-            out["versions"] = await ctl.worker_versions()
-            if not any(p.get("decode_kv_bytes", 0) > 0 for p in out["probes"]):
-                out["probes"].append(await ctl.probe_kv_handoff())  # engines still up: one more try
-        finally:
-            task.cancel()
-            await ctl.shutdown()
-
-    asyncio.run(main())
-    out["records"] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    probes: list[dict] = []
+    proven = lambda p: p.get("decode_kv_bytes", 0) > 0  # noqa: E731
+    out = run_controller(CONFIG, STEPS, tmp_path_factory.mktemp("nixl") / "metrics.jsonl", lambda ctl: [probe_until(ctl, probes, proven)])
+    out["probes"] = probes
     return out
 
 
