@@ -302,7 +302,7 @@ class EmulatedEngine:
             if hash(ids[:n]).to_bytes(8, "little", signed=True) not in self._prefix:
                 break
             best = n
-        return best if self._hit >= 1.0 else int(self._hit * best)
+        return int(self._hit * best)
 
     def _remember(self, ids: tuple[int, ...]) -> None:
         if len(self._prefix) > 500_000:

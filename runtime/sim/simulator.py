@@ -305,8 +305,7 @@ class Simulator:
         new = tr.plan.new_tokens[k] + tr.g if decode else self._pd_new(tr)
         fresh = tr.plan.new_tokens[k] + tr.g
         cached = tr.home is not None and tr.home == (inst.iid, inst.gen)
-        held = tr.ctx + fresh - new if cached else 0
-        prefix = held if self.hit >= 1.0 else int(self.hit * held)
+        prefix = int(self.hit * (tr.ctx + fresh - new)) if cached else 0
         return Request(tr.tid, tr.ctx + fresh - prefix, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
 
     def _dispatch(self, tr: Traj) -> None:
