@@ -59,6 +59,7 @@ MISTAKES = [
     Mistake("missing profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile="h900-qwen3-30b-a3b")), "profile", "h900-qwen3-30b-a3b", "h800-qwen3-30b-a3b"),
     Mistake("bad workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"trajectories_per_batch": -8})), "workload_overrides.trajectories_per_batch", "-8", "greater than 0"),
     Mistake("unknown workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"turnz": 3})), "workload_overrides.turnz", "turnz", "'turns'"),
+    Mistake("unknown runtime device", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(runtime={"device": "tpu"})), "runtime.device", "tpu", "'cuda'"),
     Mistake("negative cost weight", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(costs={"mode_switch_margin": -0.1})), "costs.mode_switch_margin", "-0.1", "greater than or equal to 0"),
     Mistake("bad hardware number", "hardware.yaml", _set("hardware.yaml", lambda d: d["gpus"]["H800"].update(hbm_tb_s=0)), "gpus.H800.hbm_tb_s", "0", "greater than 0"),
     Mistake("more active experts than experts", "llms.yaml", _set("llms.yaml", lambda d: d["models"]["qwen3-30b-a3b"]["moe"].update(active_experts=200)), "models.qwen3-30b-a3b.moe", "200", "active_experts must be <= experts"),

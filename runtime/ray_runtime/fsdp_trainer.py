@@ -13,9 +13,9 @@ mean), so the update equals the single-process one. Ranks holding fewer samples 
 zero-loss passes so that all ranks issue the same collectives. Rank 0 gathers the full
 state dict to CPU and returns the safetensors blob rollout workers load.
 
-Tested on CPU with two gloo ranks against `Trainer`. Not run yet: NCCL on GPUs (rank r takes
-cuda:r of the node it runs on, not a training-pool slot) and this class as the controller's
-Ray actor.
+Tested on CPU with two gloo ranks against `Trainer`, and as the controller's Ray actor in
+the real-engine NIXL run (tests/test_ray_vllm_nixl.py). Not run yet: NCCL on GPUs (rank r
+takes cuda:r of the node it runs on, not a training-pool slot).
 """
 
 from __future__ import annotations
