@@ -62,3 +62,6 @@ def test_nixl_run_trains_with_fsdp_and_loses_nothing(nixl_run):
     assert s.modes_used == ["disaggregated"]
     assert s.lost_trajectories == 0 and s.kv_handoffs > 0
     assert set(nixl_run["versions"].values()) == {STEPS}, nixl_run["versions"]
+    # weight pushes pause NIXL engines with 'wait' ('keep' deadlocks the P/D pair mid-transfer)
+    pushes = [r for r in nixl_run["records"] if r["record"] == "weights_pushed"]
+    assert [p["version"] for p in pushes] == list(range(1, STEPS + 1)) and all(p["errors"] == 0 for p in pushes), pushes

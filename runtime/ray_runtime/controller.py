@@ -780,10 +780,14 @@ class Controller:
 
         res = await asyncio.gather(*(a.load_weights.remote(blob_ref, version) for a in actors.values()), return_exceptions=True)
         failed = 0  # pushes that failed on a worker still meant to serve (not one being stopped)
+        errors: list[str] = []
         for a, x in zip(actors.values(), res):
             if isinstance(x, BaseException):
                 live = [r for r in self.rec.values() if r.actor is a and r.status in ("active", "draining", "switching")]
                 failed += bool(live)
+                if live:
+                    errors.append(f"{live[0].worker_id}: {type(x).__name__}: {x}"[:500])
+                    self.log(f"weight push to {live[0].worker_id} failed: {type(x).__name__}: {x}")
                 for r in live:
                     if isinstance(x, _actor_errors()):
                         self._mark_dead(r)
@@ -791,7 +795,7 @@ class Controller:
         for r in self.rec.values():
             if r.actor is not None and r.status in ("active", "parked", "starting") and r.slot.gpu not in self.dead:
                 r.version = version
-        self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=failed, stopped_meanwhile=sum(isinstance(x, BaseException) for x in res) - failed)
+        self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=failed, stopped_meanwhile=sum(isinstance(x, BaseException) for x in res) - failed, error_messages=errors)
         del ray
 
     async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:

@@ -218,12 +218,20 @@ class VLLMEngine:
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
 
+    def _pause_mode(self) -> str:
+        """'keep' freezes in-flight requests (they continue after the reload). A NIXL P/D
+        engine cannot freeze: a frozen scheduler never completes the asynchronous KV pulls
+        its requests wait on (decode side) or hold blocks for (prefill side), so the pause
+        never finishes and, paused together, the two engines deadlock. Those engines pause
+        with 'wait': new requests queue, in-flight ones finish on the old weights."""
+        return "wait" if self.settings.kv_connector == "NixlConnector" and self.role != "colocated" else "keep"
+
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
-        """pause(keep) -> reload -> resume: in-flight requests keep their state and continue."""
+        """pause -> reload -> resume; in-flight requests survive (see _pause_mode)."""
         t0 = time.perf_counter()
-        await self._engine.pause_generation(mode="keep", clear_cache=True)
-        t1 = time.perf_counter()
         try:
+            await self._engine.pause_generation(mode=self._pause_mode(), clear_cache=True)
+            t1 = time.perf_counter()
             await self._engine.collective_rpc("pearl_load_weights", args=(blob,))
             self.weight_version = version
             self._blob = blob
