@@ -495,7 +495,9 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     if trace is not None:
         tpath = Path(trace.path)
         if not tpath.is_absolute():
-            tpath = (root.parent / trace.path).resolve()
+            # relative to the project (configs/..) first, then to where the user runs pearl
+            beside = (root.parent / trace.path).resolve()
+            tpath = beside if beside.exists() or not Path(trace.path).exists() else Path(trace.path).resolve()
             trace = trace.model_copy(update={"path": str(tpath)})
     return ExperimentSpec(
         name=exp.name,

@@ -225,7 +225,7 @@ def read_events_csv(path: Path) -> RawTrace:
 
 def read_raw(path: Path, fmt: str = "auto", initial: int | None = None) -> RawTrace:
     if not path.exists() or not path.is_file():
-        raise _bad(path, "trace.path", str(path), "an existing trace file (see ../shared/data/)")
+        raise _bad(path, "trace.path", str(path), "an existing trace file (shipped ones: data/traces/)")
     if path.stat().st_size == 0:
         raise _bad(path, "<file>", "empty", "a non-empty trace file")
     fmt = detect_format(path) if fmt == "auto" else fmt

@@ -145,7 +145,7 @@ def test_planner_only_runs_the_plan_loop_on_a_trace_given_by_flag(spec, sim_call
     """--trace names a SkyPilot JSON under a config whose trace section is bamboo-count: read with its own format."""
     from runtime.sim.run import TraceFlags
 
-    sky = REPO_ROOT.parent / "shared/data/spot-traces/availability/16-node/aws-08-27-2023/us-west-2a_v100_1.json"  # as the configs name it
+    sky = REPO_ROOT / "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-west-2a_v100_1.json"  # as the configs name it
     sets = parse_sets(["costs.transition_weight=0,16"], spec)
     res = run_study(spec, sets, flags=TraceFlags(str(sky), 126.0), hours=2.0, jobs=1, planner_only=True, cache_dir=tmp_path,
                     show_progress=False)

@@ -10,11 +10,11 @@ import pytest
 from models.config import ConfigError, TraceSpec
 from runtime.traces import detect_format, load_trace
 
-DATA = Path("/work/shared/data")
-if not DATA.exists():  # the repo's checkout sits beside shared/
-    DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-BAMBOO = DATA / "bamboo-traces"
-SPOT = DATA / "spot-traces"
+from conftest import REPO_ROOT
+
+DATA = REPO_ROOT / "data" / "traces"  # shipped with the project (data/README.md)
+BAMBOO = DATA / "bamboo"
+SPOT = DATA / "skypilot"
 ALL = sorted(p for p in DATA.rglob("*") if p.suffix in (".csv", ".json"))
 
 
