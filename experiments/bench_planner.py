@@ -12,7 +12,8 @@ the prediction tables are built once per N (once per refit online) and timed apa
 Writes results/bench_planner.json (one object per GPU count and backend: gpus, backend,
 solve_ms_p50, solve_ms_p95, optimal_fraction, decisions, solver_ms_p95, default) and prints
 a table (also cpu_ms_p95: CPU time of the step, which a busy shared machine inflates less than wall time). The default backend is the one that proves every decision optimal with the lowest
-p95 at the largest size.
+p95 at the largest size. `--json` prints the same document ({"meta", "rows"}) as the one
+JSON object on stdout and the table on stderr.
 
     python experiments/bench_planner.py --gpus 16,64,256,1024,4096 --json
 """
@@ -33,13 +34,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.builder import build_models  # noqa: E402
+from models.builder import ExperimentModels, build_models  # noqa: E402
 from models.config import load_experiment  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
 from planner.state import ClusterState, TrainerPhase, initial_state  # noqa: E402
 from planner.transition import apply_plan  # noqa: E402
+from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
 
 def cluster(n: int) -> ClusterState:
@@ -97,28 +99,17 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
     return total, solver, optimal, cpu
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", default="16,64,256,1024,4096")
-    ap.add_argument("--backends", default=",".join(BACKENDS))
-    ap.add_argument("--events", type=int, default=20)
-    ap.add_argument("--config", default=str(ROOT / "configs/experiments/default.yaml"))
-    ap.add_argument("--out", default=str(ROOT / "results/bench_planner.json"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true", help="print the rows as one JSON object on stdout")
-    args = ap.parse_args()
-    load_start = os.getloadavg()[0]
-    spec = load_experiment(args.config)
-    models = build_models(spec)
-    rows = []
-    for n in [int(x) for x in args.gpus.split(",")]:
+def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int) -> list[dict]:
+    """One row per (GPU count, backend): the timings of walking the same seeded events."""
+    rows: list[dict] = []
+    for n in sizes:
         t0 = time.perf_counter()
         inputs = planning_inputs(models, n)
         inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0))
         tab_ms = (time.perf_counter() - t0) * 1000.0
         base = cluster(n)
-        evs = events(n, args.events, args.seed)
-        for be in args.backends.split(","):
+        evs = events(n, n_events, seed)
+        for be in backends:
             walk(base, inputs, be, evs[:2])  # warm up imports / solver libraries
             total, solver, optimal, cpu = walk(base, inputs, be, evs)
             rows.append({
@@ -132,6 +123,24 @@ def main() -> None:
                 "tabulate_ms": round(tab_ms, 1),
             })
             print(f"{n:>5} GPUs {be:>6}: p50 {rows[-1]['solve_ms_p50']:.1f} ms, p95 {rows[-1]['solve_ms_p95']:.1f} ms, optimal {rows[-1]['optimal_fraction']:.0%}", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", default="16,64,256,1024,4096")
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--events", type=int, default=20)
+    ap.add_argument("--config", default=str(ROOT / "configs/experiments/default.yaml"))
+    ap.add_argument("--out", default=str(ROOT / "results/bench_planner.json"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print {meta, rows} as one JSON object on stdout")
+    args = ap.parse_args()
+    load_start = os.getloadavg()[0]
+    spec = load_experiment(args.config)
+    models = build_models(spec)
+    with stdout_to_stderr(args.json):
+        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}
     cands = [r for r in rows if r["gpus"] == largest and r["backend"] in ok] or [r for r in rows if r["gpus"] == largest]
@@ -140,7 +149,8 @@ def main() -> None:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default}
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    doc = {"meta": meta, "rows": rows}
+    Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.console import Console
     from rich.table import Table
 
@@ -153,7 +163,7 @@ def main() -> None:
                   f"{r['solver_ms_p95']:.1f}", f"{r['optimal_fraction']:.0%}", f"{r['tabulate_ms']:.0f}", style=style)
     Console(stderr=args.json).print(t)
     if args.json:
-        print(json.dumps(rows))
+        print_json(doc)
 
 
 if __name__ == "__main__":

@@ -40,21 +40,24 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/bench_sim.json"))
     args = ap.parse_args()
     from models.config import load_experiment
+    from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags, simulate
 
     spec = load_experiment(args.config)
     gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    r = simulate(spec, args.policy, TraceFlags(), hours=args.hours, cohort=args.cohort)
+    with stdout_to_stderr(args.json):
+        r = simulate(spec, args.policy, TraceFlags(), hours=args.hours, cohort=args.cohort)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     check = {}
     if args.check_hours > 0 and args.cohort > 1:
         # a fixed layout isolates the granularity from the policy's path dependence
         fixed = args.check_policy
-        fine = simulate(spec, fixed, TraceFlags(), hours=args.check_hours, cohort=1)
-        coarse = simulate(spec, fixed, TraceFlags(), hours=args.check_hours, cohort=args.cohort)
+        with stdout_to_stderr(args.json):
+            fine = simulate(spec, fixed, TraceFlags(), hours=args.check_hours, cohort=1)
+            coarse = simulate(spec, fixed, TraceFlags(), hours=args.check_hours, cohort=args.cohort)
         gen = lambda x: x.generated_tokens / x.sim_s  # noqa: E731
         dev_gen = (gen(coarse) / gen(fine) - 1) * 100
         dev_batch = (coarse.mean_batch_s / fine.mean_batch_s - 1) * 100
@@ -80,7 +83,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return
     from rich.console import Console
     from rich.table import Table

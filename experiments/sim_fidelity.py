@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from models.config import load_experiment
+    from runtime.jsonout import print_json
 
     spec = load_experiment(args.config)
     points = []
@@ -109,7 +110,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return
     from rich.console import Console
     from rich.table import Table

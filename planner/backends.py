@@ -164,6 +164,7 @@ def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed:
                 model.add(expr <= int(math.floor(hi)))
     model.minimize(sum(c * xs[v] for v, c in lm.obj.items()) + lm.const)
     solver = cp_model.CpSolver()
+    solver.parameters.log_search_progress = False  # never on stdout: `--json` output shares it
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
@@ -193,7 +194,7 @@ def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed:
     # presolve costs more than it saves on these small aggregated models (measured: ~7 -> ~4 ms)
     params = mathopt.SolveParameters(
         time_limit=datetime.timedelta(seconds=time_limit_s), random_seed=seed, relative_gap_tolerance=0.0, absolute_gap_tolerance=0.5,
-        presolve=mathopt.Emphasis.OFF,
+        presolve=mathopt.Emphasis.OFF, enable_output=False,
     )
     res = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params)
     ms = (time.perf_counter() - t0) * 1000
@@ -216,8 +217,7 @@ def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Sol
 
     t0 = time.perf_counter()
     lm = linear_model(p)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs()
     h.setOptionValue("presolve", "off")  # costs more than it saves on these small models
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("random_seed", int(seed))
@@ -260,6 +260,21 @@ def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Sol
     return _solution(p, lm, None, st, math.inf, -math.inf, ms, "highspy")
 
 
+def _quiet_highs():
+    """A HiGHS instance that never writes to stdout.
+
+    `highspy.Highs()` prints the "Running HiGHS ..." banner to fd 1 from its constructor
+    (its `enableCallbacks` call), before any option can be set (ERGO-Code/HiGHS#1702,
+    #2749), which broke `--json` output. The bare binding it wraps has every method used
+    here and logs nothing until a solver call, so output_flag is off before the first one.
+    """
+    import highspy
+
+    h = getattr(highspy, "_Highs", highspy.Highs)()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 # ------------------------------------------------------------------------------------- pywraplp CBC / SCIP
 def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solution:
     from ortools.linear_solver import pywraplp
@@ -269,6 +284,7 @@ def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solu
     solver = pywraplp.Solver.CreateSolver(engine.upper())
     if solver is None:
         raise RuntimeError(f"OR-Tools was built without {engine}")
+    solver.SuppressOutput()
     xs = [solver.IntVar(lb, ub, f"v{i}") for i, (lb, ub) in enumerate(zip(lm.lb, lm.ub))]
     inf = solver.infinity()
     for terms, lo, hi in lm.rows:

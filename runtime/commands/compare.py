@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -77,6 +76,7 @@ def compare(
     from models.builder import build_models
     from models.config import ConfigError, load_experiment
     from runtime.commands.simulate import trace_progress
+    from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags
     from runtime.sim.run import simulate as run_sim
 
@@ -90,7 +90,7 @@ def compare(
     results = {}
     for name in names:
         prog, update = trace_progress(h, f"simulating {name}")
-        with prog:
+        with stdout_to_stderr(as_json), prog:
             results[name] = run_sim(spec, name, flags, hours=h, seed=seed, progress=update, models=models)
     if plot is not None:
         plot_comparison(results, plot, f"{spec.name}: {spec.model_name}, {h:g} h", reserved=spec.cluster.gpus_in_pool("rollout"))
@@ -98,7 +98,7 @@ def compare(
         out = {"policies": {n: {k: r.summary()[k] for k in CONTRACT} for n, r in results.items()}, "hours": h, "seed": next(iter(results.values())).seed}
         if plot is not None:
             out["plot"] = str(plot)
-        print(json.dumps(out))
+        print_json(out)
         return
     from rich.console import Console
     from rich.table import Table

@@ -24,6 +24,7 @@ def fit(
     """Fit prefill and decode coefficients (NNLS on relative error); report train and held-out MAPE."""
     from models.config import ConfigError, lookup_model_and_hardware
     from models.fit import fit_profile, read_samples
+    from runtime.jsonout import print_json
 
     header, rows = read_samples(samples)
     model = model or header.get("model")
@@ -66,7 +67,7 @@ def fit(
         "coefficients": data["coefficients"],
     }
     if as_json:
-        print(json.dumps(result))
+        print_json(result)
         return
     from rich.console import Console
     from rich.table import Table

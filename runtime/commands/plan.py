@@ -25,9 +25,7 @@ batch completion over the window).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -57,6 +55,7 @@ def plan(
     from models.config import ConfigError, load_experiment
     from planner.backends import BACKENDS
     from planner.policies import POLICIES
+    from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.offline_plan import load_window, plan_over_trace, trace_spec_for
 
     spec = load_experiment(config)
@@ -70,7 +69,7 @@ def plan(
         raise ConfigError(config, "--hours", hours, "a number > 0")
     tspec = trace_spec_for(spec, trace)
     avail = load_window(spec, tspec, trace_offset_hours, hours)
-    with _stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
+    with stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
         task = bar.add_task(f"planning {name}", total=None)
         result = plan_over_trace(spec, name, be, tspec, avail, on_event=lambda i, n: bar.update(task, completed=i, total=n))
     records = []
@@ -107,24 +106,10 @@ def plan(
         "predicted_rollout_s": round(mean_completion, 3),
     }
     if as_json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         print(f"{name}: {summary['decisions']} decisions, solve p50 {summary['solve_ms_p50']} ms / p95 {summary['solve_ms_p95']} ms, "
               f"optimal {summary['optimal_fraction']:.0%}, role changes {role_changes}, mean predicted rollout {mean_completion:.1f} s -> {out}", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr():
-    """Solver libraries (HiGHS) print banners from C++ straight to fd 1: keep `--json` stdout clean."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _stderr_console():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +21,7 @@ def predict(
     """Predict rollout-batch completion under colocation and under the best disaggregation ratio."""
     from models.builder import build_models, rollout_gpu_count
     from models.config import load_experiment
+    from runtime.jsonout import print_json
 
     spec = load_experiment(config)
     m = build_models(spec, batch=batch)
@@ -44,7 +44,7 @@ def predict(
         "profile": {"name": m.profile.name, "label": m.profile.label},
     }
     if as_json:
-        print(json.dumps(out))
+        print_json(out)
         return
     from rich.console import Console
     from rich.table import Table

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +37,7 @@ def simulate(
 ) -> None:
     """Simulate asynchronous agentic RL under one policy and report throughput, switches and safety counters."""
     from models.config import load_experiment
+    from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags
     from runtime.sim.run import simulate as run_sim
 
@@ -45,10 +45,10 @@ def simulate(
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     prog, update = trace_progress(h, f"simulating {policy or spec.policy.name}")
-    with prog:
+    with stdout_to_stderr(as_json), prog:
         r = run_sim(spec, policy, flags, hours=h, seed=seed, progress=update)
     if as_json:
-        print(json.dumps(r.to_json()))
+        print_json(r.to_json())
         return
     from rich.console import Console
     from rich.table import Table

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -33,6 +32,7 @@ def sweep(
 ) -> None:
     """Sweep config keys through the simulator; write JSON, a markdown table and plots (cached, parallel, resumable)."""
     from models.config import load_experiment
+    from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags
     from runtime.sweep.keys import parse_sets
     from runtime.sweep.study import run_study, write_outputs
@@ -41,13 +41,14 @@ def sweep(
     parsed = parse_sets(sets, spec)
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     try:
-        res = run_study(spec, parsed, mode, policy, flags, hours, seeds, jobs, planner_only, cache, pareto_x)
+        with stdout_to_stderr(as_json):  # worker processes inherit fd 1
+            res = run_study(spec, parsed, mode, policy, flags, hours, seeds, jobs, planner_only, cache, pareto_x)
     except KeyboardInterrupt:
         print(f"pearl: sweep interrupted; finished points are cached in {cache}, rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(130) from None
     paths = write_outputs(res, out or Path("runs/sweep") / spec.name, plot)
     if as_json:
-        print(json.dumps(res.to_json()))
+        print_json(res.to_json())
         return
     from rich.console import Console
     from rich.table import Table
