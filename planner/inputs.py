@@ -7,6 +7,8 @@ predictor's vectorised numpy functions.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +28,10 @@ class RoleTable:
     role: str
     tp: int
     seconds: np.ndarray = field(compare=False)
+    improving: tuple[tuple[int, int], ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "improving", improving_entries(self.seconds))
 
     @property
     def max_instances(self) -> int:
@@ -37,6 +43,26 @@ class RoleTable:
             return float("inf")
         k = min(k, self.max_instances)
         return float(np.min(self.seconds[1 : k + 1]))
+
+
+def improving_entries(seconds: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """(k, t_ms) entries of the running-minimum table that strictly improve, plus (0, 0).
+
+    An entry that is no faster than one with fewer instances is dominated: the solver may
+    always idle the extra instances, so it never needs to select it. Computed once per table
+    (a value of the table, not a cache), milliseconds as the integer program counts them.
+    """
+    out: list[tuple[int, int]] = [(0, 0)]
+    best = math.inf
+    for k in range(1, seconds.shape[0]):
+        t = float(seconds[k])
+        if not math.isfinite(t):
+            continue
+        tm = int(round(t * 1000.0))
+        if tm < best:
+            best = tm
+            out.append((k, tm))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

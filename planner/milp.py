@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.inputs import KV_UNIT_TOKENS, PlanningInputs
+from planner.inputs import KV_UNIT_TOKENS, PlanningInputs, RoleTable
 from planner.state import ROLES, ClusterState
 
 FAMILIES = ("availability", "borrow_window", "memory", "policy")
@@ -125,35 +125,9 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000.0))
 
 
-def prune_table(seconds: np.ndarray, k_max: int) -> tuple[tuple[int, int], ...]:
-    """(k, t_ms) entries of the running-minimum table that strictly improve, plus (0, 0).
-
-    An entry that is no faster than one with fewer instances is dominated: the solver may
-    always idle the extra instances, so it never needs to select it.
-    """
-    key = id(seconds)
-    full = _PRUNED.get(key)
-    if full is None or full[0] is not seconds:
-        out: list[tuple[int, int]] = [(0, 0)]
-        best = math.inf
-        for k in range(1, seconds.shape[0]):
-            t = float(seconds[k])
-            if not math.isfinite(t):
-                continue
-            tm = _ms(t)
-            if tm < best:
-                best = tm
-                out.append((k, tm))
-        full = (seconds, tuple(out))
-        if len(_PRUNED) > 64:
-            _PRUNED.clear()
-        _PRUNED[key] = full
-    return tuple(e for e in full[1] if e[0] <= k_max)
-
-
-# pruned tables are a pure function of the table array: memoised (the array is kept alive
-# in the value, so an id is never reused while its entry exists)
-_PRUNED: dict[int, tuple[np.ndarray, tuple[tuple[int, int], ...]]] = {}
+def prune_table(table: RoleTable, k_max: int) -> tuple[tuple[int, int], ...]:
+    """The table's strictly improving (k, t_ms) entries with at most `k_max` instances."""
+    return tuple(e for e in table.improving if e[0] <= k_max)
 
 
 def _prune_against_partner(pre: tuple[tuple[int, int], ...], dec: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
@@ -247,7 +221,7 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
         switch = tuple(_ms(w * c.switch_s * t / denom) for t in tp)
         groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, kv, start, stop, switch))  # type: ignore[arg-type]
     probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, 0, usable)
-    entries = tuple(prune_table(inputs.table(r).seconds, probe.max_instances(i)) for i, r in enumerate(ROLES))
+    entries = tuple(prune_table(inputs.table(r), probe.max_instances(i)) for i, r in enumerate(ROLES))
     entries = (entries[0], *_prune_against_partner(entries[1], entries[2]))
     # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
     # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions

@@ -80,8 +80,10 @@ class ClusterState:
     trainer: TrainerPhase = TrainerPhase("training", 0.0)
     weight_version: int = 0  # the newest policy weights rollout should serve
     unfinished_fraction: float = 1.0  # R/B: share of the current batch still running (Eq. 7)
-    _gpu_index: dict[str, GPU] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # derived views, never state
+    # derived from the fields above once, at construction (values, not caches; never state)
+    _gpu_index: dict[str, GPU] = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
+    _owner: dict[str, str] = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
+    _groups: tuple[GPUGroup, ...] = field(default=(), init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         index: dict[str, GPU] = {}
@@ -92,7 +94,6 @@ class ClusterState:
                 raise StateError(f"GPU {g.id} is marked borrowed but is in pool {g.pool!r}; only training GPUs are lent")
             index[g.id] = g
         object.__setattr__(self, "_gpu_index", index)
-        object.__setattr__(self, "_cache", {})  # dataclasses.replace must not carry views of the old state
         if not 0.0 <= self.unfinished_fraction <= 1.0:
             raise StateError(f"unfinished_fraction {self.unfinished_fraction} is outside [0, 1]")
         owner: dict[str, str] = {}
@@ -118,34 +119,30 @@ class ClusterState:
                 nodes.add(g.node)
             if len(nodes) > 1:
                 raise StateError(f"worker {w.id} (TP{w.tp}) spans nodes {sorted(nodes)}; TP stays inside a node")
+        object.__setattr__(self, "_owner", owner)
+        members: dict[tuple[str, str, str], list[GPU]] = {}
+        for g in self.gpus:
+            members.setdefault((g.node, g.pool, g.type), []).append(g)
+        groups = tuple(
+            GPUGroup(node, pool, typ, tuple(g.id for g in gs), sum(g.usable for g in gs))  # type: ignore[arg-type]
+            for (node, pool, typ), gs in sorted(members.items())
+        )
+        object.__setattr__(self, "_groups", groups)
 
     # ---------------------------------------------------------------- lookups
     def gpu(self, gpu_id: str) -> GPU:
         return self._gpu_index[gpu_id]
 
     def owner_of(self) -> dict[str, str]:
-        cached = self._cache.get("owner")
-        if cached is None:
-            cached = self._cache["owner"] = {gid: w.id for w in self.workers for gid in w.gpus}
-        return dict(cached)
+        return dict(self._owner)
 
     def group_key_of(self, worker: Worker) -> tuple[str, str, str]:
         g = self.gpu(worker.gpus[0])
         return (g.node, g.pool, g.type)
 
     def groups(self) -> tuple[GPUGroup, ...]:
-        """GPUs folded into interchangeable groups, in a stable order (computed once per state)."""
-        cached = self._cache.get("groups")
-        if cached is None:
-            members: dict[tuple[str, str, str], list[GPU]] = {}
-            for g in self.gpus:
-                members.setdefault((g.node, g.pool, g.type), []).append(g)
-            cached = tuple(
-                GPUGroup(node, pool, typ, tuple(g.id for g in gs), sum(g.usable for g in gs))  # type: ignore[arg-type]
-                for (node, pool, typ), gs in sorted(members.items())
-            )
-            self._cache["groups"] = cached
-        return cached
+        """GPUs folded into interchangeable groups, in a stable order (computed with the state)."""
+        return self._groups
 
     def usable_count(self, pool: PoolName | None = None) -> int:
         return sum(g.usable for g in self.gpus if pool is None or g.pool == pool)
