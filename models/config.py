@@ -303,6 +303,14 @@ class LoadChangeSpec(Frozen):
     policy: str | None = Field(None, description="switch the planner policy from this batch on (e.g. an ablation)")
 
 
+class FaultSpec(Frozen):
+    """Test scaffolding (runtime/ray_runtime/faults.py): an engine of `role` dies when it
+    receives a request whose id contains `request`, as a crashed vLLM engine would."""
+
+    request: str = Field(description="substring of the request id: '<trajectory>-t<turn>' (e.g. 'b0-3-t1'); '' matches every request")
+    role: Literal["colocated", "prefill", "decode", "any"] = "any"
+
+
 class RuntimeSpec(Frozen):
     """`pearl train`: the Ray runtime's engines, trainer and schedules (defaults fit this CPU machine)."""
 
@@ -326,6 +334,9 @@ class RuntimeSpec(Frozen):
     trainer_backend: Literal["torch", "fsdp", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines; fsdp shards the torch trainer over trainer_world_size ranks")
     trainer_world_size: PositiveInt = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: PositiveInt = Field(1, description="emulated backend: actors hosting the virtual GPUs")
+    max_restarts_per_slot: Annotated[int, Field(ge=0, le=100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
+    restart_backoff_s: Annotated[float, Field(ge=0.0, le=600.0)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
+    faults: list[FaultSpec] = Field(default_factory=list, description="fault injection for tests: engines that die on matching requests")
 
     @field_validator("trainer_world_size")
     @classmethod

@@ -8,25 +8,38 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine
 
 
-def run_controller(config: str, steps: int, metrics: Path, side: Callable[[Any], list[Coroutine[Any, Any, None]]]) -> dict:
-    """Load `config`, run `steps` training steps with `side(ctl)` tasks running beside them,
-    shut down, and return summary, worker versions, trajectories and the metrics records."""
+class RunDeadline(AssertionError):
+    """A real-engine run passed its own deadline: the message says what it was waiting for."""
+
+
+def run_controller(config: str | Any, steps: int, metrics: Path, side: Callable[[Any], list[Coroutine[Any, Any, None]]], deadline_s: float) -> dict:
+    """Load `config` (a path or an ExperimentSpec), run `steps` training steps with `side(ctl)`
+    tasks beside them, shut down, and return summary (or the run's error), worker versions,
+    trajectories and the metrics records. Past `deadline_s` (well under pytest's timeout) the
+    run is cancelled and RunDeadline names what it was waiting for."""
     from models.config import load_experiment
     from runtime.ray_runtime.controller import Controller
 
-    ctl = Controller(load_experiment(config), metrics_path=str(metrics), log=lambda m: print(m, flush=True))
+    spec = load_experiment(config) if isinstance(config, (str, Path)) else config
+    ctl = Controller(spec, metrics_path=str(metrics), log=lambda m: print(m, flush=True))
     out: dict = {}
 
     async def main() -> None:
         tasks = [asyncio.ensure_future(c) for c in side(ctl)]
         try:
-            out["summary"] = await ctl.run(steps)
+            out["summary"] = await asyncio.wait_for(ctl.run(steps), timeout=deadline_s)
             out["versions"] = await ctl.worker_versions()
             out["trajectories"] = list(ctl.trajectories)
+        except asyncio.TimeoutError:
+            waiting = json.dumps(ctl.progress(), default=str)
+            print(f"run past its {deadline_s:.0f} s deadline, waiting for: {waiting}", flush=True)
+            raise RunDeadline(f"{config}: run past its {deadline_s:.0f} s deadline; waiting for: {waiting}") from None
+        except Exception as exc:  # the run's own error (RunFailed, ...) is what some tests assert
+            out["error"] = exc
         finally:
             for t in tasks:
                 t.cancel()
-            await ctl.shutdown()
+            await asyncio.wait_for(ctl.shutdown(), timeout=120)
 
     asyncio.run(main())
     out["records"] = [json.loads(line) for line in metrics.read_text().splitlines()]

