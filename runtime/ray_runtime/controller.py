@@ -361,7 +361,7 @@ class Controller:
                 self.predicted_s = d.predicted_completion_s
             self.wanted_mode = d.mode
             task: asyncio.Future | None = None
-            if d.applied and not step.plan.empty:
+            if not step.plan.empty:  # a held (gated) decision still carries its mandatory part: recalls, returns, forced shrinks
                 self._commit(step.plan)
                 task = asyncio.ensure_future(self._apply(step.plan, raise_errors=wait if raise_errors is None else raise_errors))
                 self._plans.add(task)
