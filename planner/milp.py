@@ -160,9 +160,13 @@ def _completion_floor(entries: tuple[tuple[tuple[int, int], ...], ...]) -> int:
     return min(cands) if cands else 0
 
 
+def borrow_window_closes_at(state: ClusterState, inputs: PlanningInputs) -> float:
+    """The last moment a loan still pays its way back before the trainer needs its GPUs."""
+    return state.trainer.next_needs_gpus_at_s - inputs.costs.lend_s - inputs.costs.return_s
+
+
 def borrow_window_open(state: ClusterState, inputs: PlanningInputs, now_s: float) -> bool:
-    t = state.trainer
-    return t.phase == "waiting" and now_s + inputs.costs.lend_s + inputs.costs.return_s <= t.next_needs_gpus_at_s
+    return state.trainer.phase == "waiting" and now_s <= borrow_window_closes_at(state, inputs)
 
 
 def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem:

@@ -15,12 +15,12 @@ INTERFACE (stable; the simulator and the Ray runtime build on it)
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
 
+from models.predictor import best_split
 from planner.decision import Decision, SolverProof
 from planner.inputs import PlanningInputs
 from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate
@@ -28,8 +28,9 @@ from planner.solve import decision_from, solve_step
 from planner.state import ClusterState
 from planner.transition import TransitionPlan, build_plan
 
-Event = Literal["initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step"]
-EVENTS: tuple[str, ...] = ("initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step")
+Event = Literal["initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step", "return_due"]
+# return_due: the borrow window is about to close (lent GPUs must start back to be in time)
+EVENTS: tuple[str, ...] = ("initial", "training_begin", "training_end", "availability", "preempt_notice", "rollout_step", "return_due")
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,16 @@ def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, o
 
 
 def best_static_split(inputs: PlanningInputs, instances: int) -> tuple[int, int]:
-    """The best P:D split of `instances` by the prediction tables (the 'fixed PD' choice)."""
+    """The best P:D split of `instances` by the prediction tables (the 'fixed PD' choice).
+
+    Each role's path time is its table's envelope (the best with up to k instances), so the
+    split is the predictor's `best_split` over the tables the planner solves with."""
     n = max(instances, 2)
     n_p = np.arange(1, n)
     p = np.minimum.accumulate(inputs.prefill.seconds[1:])[np.minimum(n_p, inputs.prefill.max_instances) - 1]
     d = np.minimum.accumulate(inputs.decode.seconds[1:])[np.minimum(n - n_p, inputs.decode.max_instances) - 1]
-    i = int(np.argmin(np.maximum(p, d)))
-    return int(n_p[i]), int(n - n_p[i])
+    k = best_split(p, d)
+    return k, n - k
 
 
 @dataclass(frozen=True)
@@ -135,17 +139,6 @@ class PearlPolicy:
         return Step(keep, build_plan(state, keep, inputs, now_s))
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
-        # a cyclic-GC pass over a large state costs 30+ ms at 4096 GPUs (measured) and would
-        # land inside the decision: defer it until the decision is made (results unchanged)
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return self._decide(state, inputs, now_s, event)
-        finally:
-            if was_enabled:
-                gc.enable()
-
-    def _decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str) -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
         extras: dict = {"event": event}
         toggle = inputs.costs.lend_s + inputs.costs.return_s

@@ -171,6 +171,15 @@ class ClusterState:
         return replace(self, gpus=gpus, workers=workers)
 
 
+def node_name(pool: str, group: int, index: int) -> str:
+    """The node id of the `index`-th node of the cluster spec's `group`-th node group."""
+    return f"{pool}{group}-{index}"
+
+
+def gpu_name(node: str, slot: int) -> str:
+    return f"{node}/{slot}"
+
+
 def initial_state(nodes: list[tuple[int, int, str, PoolName]], trainer: TrainerPhase | None = None) -> ClusterState:
     """All GPUs of a cluster spec (count, gpus_per_node, gpu type, pool), available, no workers.
 
@@ -179,8 +188,8 @@ def initial_state(nodes: list[tuple[int, int, str, PoolName]], trainer: TrainerP
     gpus: list[GPU] = []
     for gi, (count, per_node, typ, pool) in enumerate(nodes):
         for n in range(count):
-            node = f"{pool}{gi}-{n}"
-            gpus.extend(GPU(f"{node}/{i}", node, typ, pool) for i in range(per_node))
+            node = node_name(pool, gi, n)
+            gpus.extend(GPU(gpu_name(node, i), node, typ, pool) for i in range(per_node))
     return ClusterState(tuple(gpus), (), trainer or TrainerPhase("training", 0.0))
 
 

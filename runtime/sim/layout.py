@@ -1,20 +1,26 @@
-"""What the simulator asks a policy for, and what it shows the policy.
+"""What the simulator asks a policy for: a plan from the cluster state, as the Ray runtime asks.
 
-A policy sees a `Snapshot` (every node and instance, the trainer's phase, the batch's
-progress) and answers a `Layout`: how many instances of each role the rollout should
-run, and how many of them may sit on lent training GPUs. The simulator reaches that
-layout with the fewest changes (keep roles up to their targets, switch the surplus into
-deficits, start the rest, stop what is left), pricing each change with the transition
-model. Planner policies enter through runtime/sim/planner_adapter.py.
+A policy sees the planner's `ClusterState` (built by the simulator with the shared naming
+and trainer timeline) and answers a `PolicyStep`: the `TransitionPlan` the shared executor
+runs, the mode, and the predicted batch time the trainer timeline starts from. Planner
+policies enter through runtime/sim/planner_adapter.py; `FixedLayout` (fidelity replays,
+tests) holds fixed instance counts and reaches them with the planner's own minimal-change
+plan (`planner.transition.build_plan`), so there is one matching of workers to roles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from planner.decision import Decision, GroupTarget, SolverProof
+from planner.inputs import PlanningInputs
+from planner.milp import borrow_window_open
+from planner.state import ROLES, ClusterState
+from planner.transition import TransitionPlan, build_plan
+
 Mode = Literal["colocated", "disaggregated"]
-Event = Literal["start", "availability", "batch", "train_begin", "train_end"]
 
 
 @dataclass(frozen=True)
@@ -30,49 +36,20 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class NodeView:
-    nid: int
-    pool: str  # training | rollout | elastic
-    gpu: str
-    gpus: int
-    available: bool
-    lendable: bool  # training node whose GPUs the trainer does not need now
-
-
-@dataclass(frozen=True)
-class InstanceView:
-    iid: int
-    nid: int
-    gpus: int
-    role: str
-    state: str  # starting | ready | switching
-    pool: str
-    borrowed: bool
-    slots: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    now: float
-    event: Event
-    nodes: tuple[NodeView, ...]
-    instances: tuple[InstanceView, ...]
-    trainer_phase: str  # idle | returning | training | syncing
-    version: int
-    batch_size: int
-    batch_unfinished: int  # R of the batch the trainer waits for
-    training_step_s: float  # predicted time of the next training step
-    next_training_in_s: float | None = None  # predicted wait until the trainer needs its GPUs (None: unknown)
-    extra: dict = field(default_factory=dict)
-
-    def gpus(self, pool: str, available_only: bool = True) -> int:
-        return sum(n.gpus for n in self.nodes if n.pool == pool and (n.available or not available_only))
+class PolicyStep:
+    plan: TransitionPlan
+    mode: str
+    predicted_s: float = math.nan  # the decision's predicted batch completion (nan: none)
+    info: dict = field(default_factory=dict)
 
 
 class SimPolicy(Protocol):
     name: str
+    predicted_s: float  # the batch time this policy expects before its first decision (nan: none)
 
-    def decide(self, snap: Snapshot) -> "PolicyStep": ...
+    def decide(self, state: ClusterState, inputs: PlanningInputs, now: float, event: str) -> PolicyStep:
+        """`inputs` are the simulated system's true costs and tables; a planner policy may plan with its own."""
+        ...
 
 
 @dataclass
@@ -82,79 +59,50 @@ class FixedLayout:
     layout: Layout
     tp: dict
     name: str = "fixed"
+    predicted_s: float = math.nan  # the batch time the trainer timeline assumes until it has measured one
 
-    def decide(self, snap: Snapshot) -> "PolicyStep":
-        return PolicyStep(reconcile(snap, self.layout, self.tp), self.layout.mode)
-
-
-@dataclass(frozen=True)
-class Change:
-    """One instance-level change the simulator applies with its modelled delay."""
-
-    kind: Literal["start", "switch", "stop"]
-    role: str | None = None
-    iid: int | None = None  # switch / stop: which instance
-    nid: int | None = None  # start: on which node
-    gpu_slots: tuple[int, ...] = ()  # start: which GPUs of the node (empty: any free)
+    def decide(self, state: ClusterState, inputs: PlanningInputs, now: float, event: str) -> PolicyStep:
+        lendable = borrow_window_open(state, inputs, now)
+        targets = place(state, self.layout, self.tp, lendable)
+        lay = self.layout
+        proof = SolverProof("evaluated", 0.0, 0.0, 0.0, 0.0, "none")
+        d = Decision(lay.mode, lay.colocated, lay.prefill, lay.decode, targets, self.predicted_s, 0.0, 0, proof)
+        return PolicyStep(build_plan(state, d, inputs, now), lay.mode, self.predicted_s, {"ratio": d.ratio, "applied": True})
 
 
-@dataclass(frozen=True)
-class PolicyStep:
-    changes: tuple[Change, ...]
-    mode: str
-    info: dict = field(default_factory=dict)
+def prior_batch_s(inputs: PlanningInputs, rollout_gpus: int) -> float:
+    """Predicted batch time on the reserved rollout GPUs, colocated: the trainer timeline's
+    estimate before any decision has predicted one."""
+    k = min(rollout_gpus // inputs.tp("colocated"), inputs.colocated.max_instances)
+    return float(inputs.colocated.seconds[k]) if k >= 1 else math.nan
 
 
-def reconcile(snap: Snapshot, layout: Layout, tp: dict[str, int]) -> tuple[Change, ...]:
-    """Fewest changes from the snapshot's instances to the layout's role counts.
-
-    Keep each role up to its target (ready before starting, dedicated before lent), switch
-    the surplus into deficits, start what is still missing on free GPUs (dedicated pools
-    first, then lendable training GPUs up to layout.borrow), stop the rest.
-    """
-    roles = ("colocated", "prefill", "decode")
-    order = {"ready": 0, "starting": 1, "switching": 2}
-    live = sorted(snap.instances, key=lambda i: (i.borrowed, order.get(i.state, 3), i.iid))
-    kept: dict[str, int] = {r: 0 for r in roles}
-    surplus = []
-    borrowed_kept = 0
-    for inst in live:
-        if inst.borrowed and borrowed_kept >= layout.borrow:
-            surplus.append(inst)
+def place(state: ClusterState, layout: Layout, tp: dict, lendable: bool) -> tuple[GroupTarget, ...]:
+    """Per-group instance counts for a fixed layout: workers stay where they are, the rest fill
+    free GPUs (reserved rollout first, then elastic, then up to `layout.borrow` lent training ones)."""
+    order = {"rollout": 0, "elastic": 1, "training": 2}
+    groups = sorted((g for g in state.groups() if g.pool != "training" or lendable), key=lambda g: (order[g.pool], g.key))
+    draining = {gid for w in state.workers if w.draining for gid in w.gpus}
+    cap = {g.key: g.usable - sum(1 for gid in g.gpu_ids if gid in draining) for g in groups}
+    counts = {g.key: {r: 0 for r in ROLES} for g in groups}
+    need = {r: layout.count(r) for r in ROLES}
+    borrow = layout.borrow
+    for w in state.workers:
+        key = state.group_key_of(w)
+        if w.draining or key not in cap or w.tp != tp[w.role] or need[w.role] <= 0 or not all(state.gpu(g).usable for g in w.gpus):
             continue
-        if kept[inst.role] < layout.count(inst.role):
-            kept[inst.role] += 1
-            borrowed_kept += inst.borrowed
-        else:
-            surplus.append(inst)
-    changes: list[Change] = []
-    deficit = {r: layout.count(r) - kept[r] for r in roles}
-    for inst in list(surplus):
-        if inst.borrowed and borrowed_kept >= layout.borrow:
-            continue
-        for r in roles:
-            if deficit[r] > 0 and tp[r] == inst.gpus:
-                changes.append(Change("switch", r, iid=inst.iid))
-                deficit[r] -= 1
-                borrowed_kept += inst.borrowed
-                surplus.remove(inst)
-                break
-    changes += [Change("stop", iid=i.iid) for i in surplus]
-    used: dict[int, int] = {}
-    for inst in snap.instances:
-        used[inst.nid] = used.get(inst.nid, 0) + inst.gpus
-    free_nodes = sorted(
-        (n for n in snap.nodes if n.available and (n.pool != "training" or n.lendable)),
-        key=lambda n: ({"rollout": 0, "elastic": 1, "training": 2}[n.pool], n.nid),
-    )
-    for r in roles:
-        for node in free_nodes:
-            while deficit[r] > 0 and node.gpus - used.get(node.nid, 0) >= tp[r]:
-                if node.pool == "training":
-                    if borrowed_kept >= layout.borrow:
-                        break
-                    borrowed_kept += 1
-                changes.append(Change("start", r, nid=node.nid))
-                used[node.nid] = used.get(node.nid, 0) + tp[r]
-                deficit[r] -= 1
-    return tuple(changes)
+        if key[1] == "training":
+            if borrow <= 0:
+                continue
+            borrow -= 1
+        counts[key][w.role] += 1
+        cap[key] -= w.tp
+        need[w.role] -= 1
+    for r in sorted(ROLES, key=lambda r: -tp[r]):
+        for g in groups:
+            while need[r] > 0 and cap[g.key] >= tp[r] and (g.pool != "training" or borrow > 0):
+                borrow -= g.pool == "training"
+                counts[g.key][r] += 1
+                cap[g.key] -= tp[r]
+                need[r] -= 1
+    return tuple(GroupTarget(*key, **c) for key, c in counts.items() if any(c.values()))

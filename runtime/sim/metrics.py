@@ -30,8 +30,9 @@ class SimResult:
     stops: int = 0
     lends: int = 0
     returns: int = 0
-    late_returns: int = 0
-    return_wait_s: float = 0.0
+    late_returns: int = 0  # lent GPUs still out when the trainer needed them (runtime/loans.py)
+    train_delay_s: float = 0.0  # training steps waited for late GPUs, in total
+    forced_returns: int = 0  # GPUs taken back with no planned return (a policy that never recalled)
     admission_pause_s: float = 0.0
     wall_s: float = 0.0
     policy_wall_s: float = 0.0  # wall time spent inside the policy (solver), part of wall_s
@@ -86,6 +87,7 @@ class SimResult:
             "switches": self.switches,
             "lost_trajectories": self.lost_trajectories,
             "late_returns": self.late_returns,
+            "train_delay_s": round(self.train_delay_s, 3),
             "steps": self.steps,
             "trajectories": self.finished,
             "in_flight": self.in_flight,
@@ -98,6 +100,8 @@ class SimResult:
             "starts": self.starts,
             "stops": self.stops,
             "lends": self.lends,
+            "returns": self.returns,
+            "forced_returns": self.forced_returns,
             "preempted_instances": self.preempted_instances,
             "resumed_requests": self.resumed,
             "admission_pause_s": round(self.admission_pause_s, 1),

@@ -22,15 +22,6 @@ class TraceFlags:
     hours: float | None = None
 
 
-def node_names(spec: ExperimentSpec) -> dict[int, str]:
-    names, nid = {}, 0
-    for gi, g in enumerate(spec.cluster.nodes):
-        for n in range(g.count):
-            names[nid] = f"{g.pool}{gi}-{n}"
-            nid += 1
-    return names
-
-
 def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -> SimPolicy:
     """A planner policy by name, or `fixed:<mode>:<c>:<p>:<d>[:<borrow>]` (instance counts) for replays."""
     if name.startswith("fixed:"):
@@ -52,7 +43,7 @@ def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -
         raise ConfigError(source, "policy", name, f"one of {list(known)} or fixed:<mode>:<c>:<p>:<d>[:<borrow>]")
     from runtime.sim.planner_adapter import PlannerPolicy
 
-    return PlannerPolicy(name, models, node_names(models.spec))
+    return PlannerPolicy(name, models)
 
 
 def load_availability(spec: ExperimentSpec, flags: TraceFlags, hours: float):

@@ -1,0 +1,44 @@
+"""Where a request goes: one routing rule for the simulator and the Ray runtime.
+
+An engine is chosen by power-of-two choices on load (outstanding requests), except that a
+trajectory goes back to the engine that served its previous turn, which still holds its
+prefix in cache, unless that engine is much busier than the alternative. The path rule
+picks colocated or prefill->decode for a turn: with both kinds serving, a trajectory stays
+on the kind that holds its prefix, and a new one follows the decided mode.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, TypeVar
+
+K = TypeVar("K")
+
+# Stay on the home engine while its load is at most STICKY_FACTOR x the alternative's +
+# STICKY_SLACK: a re-prefill of a long agentic context costs more than a short queue (a guess
+# tuned on the simulator's default workload, not a measurement).
+STICKY_FACTOR = 2.0
+STICKY_SLACK = 4.0
+
+
+def pick(candidates: Sequence[K], load: Callable[[K], float], home: K | None, draw: Callable[[int], int]) -> K | None:
+    """An engine for one request; `home` must be one of `candidates` or None; `draw(n)` is uniform on [0, n)."""
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        best = candidates[0]
+    else:
+        n = len(candidates)
+        x, y = candidates[draw(n)], candidates[draw(n)]
+        best = x if load(x) <= load(y) else y
+    if home is not None and load(home) <= STICKY_FACTOR * load(best) + STICKY_SLACK:
+        return home
+    return best
+
+
+def path(has_colocated: bool, has_pd: bool, mode: str, home_role: str | None) -> str | None:
+    """'colocated', 'pd' or None (nothing can serve the turn now)."""
+    if has_colocated and has_pd:
+        if home_role in ("colocated", "prefill"):
+            return "colocated" if home_role == "colocated" else "pd"
+        return "pd" if mode == "disaggregated" else "colocated"
+    return "colocated" if has_colocated else ("pd" if has_pd else None)

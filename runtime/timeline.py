@@ -1,0 +1,57 @@
+"""The trainer's timeline as both runtimes estimate it: when it next needs its GPUs, and how
+long its step takes.
+
+While the trainer waits for a batch, it needs its GPUs once that batch is done: expected
+batch time minus the time the batch has already run. The expected time is the plan's
+prediction for the layout it chose (the layout may have just changed, so the last batches
+measured another one); the mean of the last few measured batches stands in when there is
+no prediction. A wrong prediction therefore shows up as a late return, measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from models.config import ExperimentSpec
+from models.training import training_step_s
+
+RECENT_BATCHES = 4
+
+
+@dataclass
+class TrainerTimeline:
+    batch_s: list[float] = field(default_factory=list)  # measured rollout batch durations, oldest first
+
+    def batch_done(self, seconds: float) -> None:
+        self.batch_s.append(float(seconds))
+
+    def expected_batch_s(self, predicted_s: float) -> float:
+        """The plan's prediction for the layout it chose; the recent measured mean without one."""
+        if math.isfinite(predicted_s):
+            return predicted_s
+        if self.batch_s:
+            recent = self.batch_s[-RECENT_BATCHES:]
+            return sum(recent) / len(recent)
+        return 0.0
+
+    def needs_gpus_at(self, now: float, waiting: bool, elapsed_s: float, predicted_s: float) -> float:
+        """Absolute time the trainer wants its GPUs (now unless it is waiting for a batch)."""
+        if not waiting:
+            return now
+        return now + max(self.expected_batch_s(predicted_s) - max(elapsed_s, 0.0), 0.0)
+
+
+def train_step_s(spec: ExperimentSpec, tokens: float) -> float:
+    """Predicted training step on the spec's training pool (1 s when it has no training GPUs)."""
+    groups = [g for g in spec.cluster.nodes if g.pool == "training"]
+    if not groups:
+        return 1.0
+    n = spec.cluster.gpus_in_pool("training")
+    return float(training_step_s(spec.model, spec.gpu(groups[0].gpu), n, tokens, spec.training.mfu, spec.training.optimizer_overhead_s))
+
+
+def expected_batch_tokens(spec: ExperimentSpec) -> float:
+    w = spec.workload
+    per = w.initial_prompt_tokens.expected() + w.turns.expected() * (w.new_tokens_per_turn.expected() + w.response_tokens_per_turn.expected())
+    return w.trajectories_per_batch * per
