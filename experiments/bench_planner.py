@@ -8,6 +8,7 @@ notices, training begins / ends (borrowing windows), different unfinished fracti
 every step's plan is applied, so states evolve as they would online. A step is timed from
 the state to the plan (including the borrow-gate second solve when the trainer waits);
 the prediction tables are built once per N (once per refit online) and timed apart.
+Each decision runs inside `runtime.gc_pause.gc_deferred()`, as the runtimes call it.
 
 Writes results/bench_planner.json (one object per GPU count and backend: gpus, backend,
 solve_ms_p50, solve_ms_p95, optimal_fraction, decisions, solver_ms_p95, default) and prints
@@ -41,6 +42,7 @@ from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
 from planner.state import ClusterState, TrainerPhase, initial_state  # noqa: E402
 from planner.transition import apply_plan  # noqa: E402
+from runtime.gc_pause import gc_deferred  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
 
@@ -85,10 +87,11 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
             hit = {g.id for g in state.gpus if g.node in noticed}
             state = replace(state, gpus=tuple(replace(g, preempt_notice=g.id in hit) for g in state.gpus))
         state = replace(state, trainer=ev["trainer"], unfinished_fraction=ev["unfinished"])
-        t0, c0 = time.perf_counter(), time.process_time()
-        step = pol.decide(state, inputs, 0.0, "availability")
-        total.append((time.perf_counter() - t0) * 1000.0)
-        cpu.append((time.process_time() - c0) * 1000.0)
+        with gc_deferred():  # as the runtimes make decisions: no GC pass inside one
+            t0, c0 = time.perf_counter(), time.process_time()
+            step = pol.decide(state, inputs, 0.0, "availability")
+            total.append((time.perf_counter() - t0) * 1000.0)
+            cpu.append((time.process_time() - c0) * 1000.0)
         solver.append(step.decision.proof.solve_ms)
         optimal.append(step.decision.proof.status == "optimal")
         state = apply_plan(state, step.plan)

@@ -104,6 +104,17 @@ def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: flo
     return BatchShape(b, active, new + (1.0 - hit) * prefix, hit * prefix, r, workload.env_latency_s.expected() * env_scale)
 
 
+def best_split(prefill_s: np.ndarray, decode_s: np.ndarray) -> int:
+    """Prefill instances of the best P:D split of n = len(prefill_s) + 1 instances.
+
+    prefill_s[i] and decode_s[i] are the prefill and decode path times (s) of the split
+    n_p = i + 1, n_d = n - n_p. The batch completes with the slower path, so the best split
+    minimises the larger of the two; ties go to the fewest prefill instances. The one rule
+    for the predictor's `best_disaggregated` and the planner's static (fixed P:D) split.
+    """
+    return int(np.argmin(np.maximum(prefill_s, decode_s))) + 1
+
+
 @dataclass(frozen=True)
 class Prediction:
     completion_s: float
@@ -278,6 +289,5 @@ class RolloutPredictor:
         n_p = np.arange(1, total)
         tp_ = self.prefill_path_many(n_p)
         td, c = self.decode_path_many(total - n_p)
-        t = np.maximum(tp_, td)
-        i = int(np.argmin(t))
-        return Prediction(float(t[i]), "disaggregated", prefill=int(n_p[i]), decode=int(total - n_p[i]), prefill_path_s=float(tp_[i]), decode_path_s=float(td[i]), mean_concurrency=float(c[i]))
+        i = best_split(tp_, td) - 1
+        return Prediction(max(float(tp_[i]), float(td[i])), "disaggregated", prefill=int(n_p[i]), decode=int(total - n_p[i]), prefill_path_s=float(tp_[i]), decode_path_s=float(td[i]), mean_concurrency=float(c[i]))

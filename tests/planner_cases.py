@@ -10,8 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from models.config import CostWeights
-from planner.inputs import KV_UNIT_TOKENS, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
-from planner.milp import borrow_window_open
+from planner.inputs import KV_UNIT_TOKENS, MEMORY_UTILIZATION, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.state import GPU, ROLES, ClusterState, TrainerPhase, Worker
 
 GIB = 2**30
@@ -71,51 +70,103 @@ def _ms(x: float) -> int:
     return int(round(x * 1000.0))
 
 
-def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, modes=("colocated", "disaggregated")) -> int | None:
+# ------------------------------------------------------------------------------------------- oracle
+# Everything below is written from the definitions (planner/milp.py docstring, DESIGN.md "The
+# integer program", PAPER.md), never from planner code: no planner function is called.
+
+ALL_POOLS = ("rollout", "elastic", "training")
+ALL_MODES = ("colocated", "disaggregated")
+
+
+def borrow_window_is_open(trainer: TrainerPhase, costs: ActionCosts, now_s: float) -> bool:
+    """Training GPUs may be lent only between updates (the trainer is waiting) and only if
+    lending them now and returning them completes by the time the trainer needs them back
+    (DESIGN.md: "lent only between updates and only if the return completes before the
+    trainer needs them"; milp.py: "lend + return fit before it needs its GPUs")."""
+    if trainer.phase != "waiting":
+        return False
+    return now_s + costs.lend_s + costs.return_s <= trainer.next_needs_gpus_at_s
+
+
+def allowed_pools(options: object | None) -> set[str]:
+    """Pools whose GPUs the plan may use under the policy options (before the borrow window)."""
+    pools = set(getattr(options, "pools", ALL_POOLS))
+    if not getattr(options, "allow_elastic", True):
+        pools.discard("elastic")
+    if not getattr(options, "allow_borrow", True):
+        pools.discard("training")
+    return pools
+
+
+def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, options: object | None = None) -> int | None:
     """Best objective (ms) by enumerating every per-node role assignment; None if none is feasible.
 
     Written from the semantics, not from the program: completion = running-min table
     (extra instances idle), disaggregated = max(prefill, decode); each node's current
     instances are kept, switched (same TP), or stopped, and missing ones started, at the
     cheapest mix found by enumerating keeps and switches.
+
+    `options` is read by attribute (any object with the fields of planner.milp.Options, or
+    None for no restriction): `pools` / `allow_elastic` / `allow_borrow` decide which pools'
+    GPUs may host instances, `modes` the serving modes allowed, `fixed_pd` the exact
+    (prefill, decode) instance counts, `max_gpus` the most GPUs all instances together may
+    occupy (borrowed training GPUs included).
     """
+    modes = tuple(getattr(options, "modes", ALL_MODES))
+    fixed_pd = getattr(options, "fixed_pd", None)
+    max_gpus = getattr(options, "max_gpus", None)
+    pools = allowed_pools(options)
+    if not borrow_window_is_open(state.trainer, inputs.costs, now_s):
+        pools.discard("training")
     tp = [inputs.tp(r) for r in ROLES]
-    lendable = borrow_window_open(state, inputs, now_s)
-    groups = state.groups()
-    draining = {x for wk in state.workers if wk.draining for x in wk.gpus}
-    caps = {g.key: (g.usable - sum(1 for x in g.gpu_ids if x in draining and state.gpu(x).usable) if (g.pool != "training" or lendable) else 0) for g in groups}
-    denom = max(sum(v for k, v in caps.items() if k[1] != "training"), 1)  # prices spread over dedicated GPUs
+
+    # nodes of interchangeable GPUs: same node, pool and type
+    members: dict[tuple[str, str, str], list[GPU]] = {}
+    for gpu in state.gpus:
+        members.setdefault((gpu.node, gpu.pool, gpu.type), []).append(gpu)
+    keys = sorted(members)
+    key_of = {gpu.id: k for k, gs in members.items() for gpu in gs}
+    gpu_by_id = {gpu.id: gpu for gpu in state.gpus}
+
+    def usable(gid: str) -> bool:  # up and without a preemption notice
+        return gpu_by_id[gid].available and not gpu_by_id[gid].preempt_notice
+
+    held = {gid for wk in state.workers if wk.draining for gid in wk.gpus}  # free only once drained
+    caps = {k: (sum(1 for g in gs if usable(g.id) and g.id not in held) if k[1] in pools else 0) for k, gs in members.items()}
+    # transition prices: GPU-seconds blocked, spread over the dedicated (non-training) usable GPUs
+    # the plan may place instances on (so a pool the options exclude does not dilute them)
+    denom = max(sum(v for k, v in caps.items() if k[1] != "training"), 1)
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches
     c = inputs.costs
-    cur = {g.key: [0, 0, 0] for g in groups}
+    cur = {k: [0, 0, 0] for k in keys}
     constant = 0
     for wk in state.workers:
         if wk.draining:
             continue
-        key = state.group_key_of(wk)
+        k = key_of[wk.gpus[0]]
         r = ROLES.index(wk.role)
-        if wk.tp == tp[r] and all(state.gpu(x).usable for x in wk.gpus) and caps[key] >= wk.tp:
-            cur[key][r] += 1
+        if wk.tp == tp[r] and all(usable(gid) for gid in wk.gpus) and k[1] in pools:
+            cur[k][r] += 1  # may stay as it is
         else:
-            constant += _ms(w * c.stop_s * wk.tp / denom)
+            constant += _ms(w * c.stop_s * wk.tp / denom)  # lost, mis-sized or recalled: must stop
 
-    def node_cost(g, x) -> int:
-        cu = cur[g.key]
-        start = [_ms(w * c.start_s[g.pool] * t / denom) for t in tp]
+    def node_cost(k: tuple[str, str, str], x: tuple[int, ...]) -> int:
+        cu = cur[k]
+        start = [_ms(w * c.start_s[k[1]] * t / denom) for t in tp]
         stop = [_ms(w * c.stop_s * t / denom) for t in tp]
         switch = [_ms(w * c.switch_s * t / denom) for t in tp]
+        moves = [(a, b) for a in range(3) for b in range(3) if a != b and tp[a] == tp[b]]
         best = None
         for keep in itertools.product(*[range(min(cu[r], x[r]) + 1) for r in range(3)]):
             left_cur = [cu[r] - keep[r] for r in range(3)]
             left_tgt = [x[r] - keep[r] for r in range(3)]
             # switches: enumerate a matrix of moves a -> b (same TP), tiny counts
-            moves = [(a, b) for a in range(3) for b in range(3) if a != b and tp[a] == tp[b]]
             for counts in itertools.product(*[range(min(left_cur[a], left_tgt[b]) + 1) for a, b in moves]):
                 out = [0, 0, 0]
                 inn = [0, 0, 0]
-                for (a, b), k in zip(moves, counts):
-                    out[a] += k
-                    inn[b] += k
+                for (a, b), n in zip(moves, counts):
+                    out[a] += n
+                    inn[b] += n
                 if any(out[r] > left_cur[r] or inn[r] > left_tgt[r] for r in range(3)):
                     continue
                 cost = sum(start[r] * (left_tgt[r] - inn[r]) + stop[r] * (left_cur[r] - out[r]) + switch[r] * inn[r] for r in range(3))
@@ -126,36 +177,102 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, mode
         if n < 1:
             return None
         s = inputs.table(ROLES[r]).seconds
-        vals = [_ms(float(s[k])) for k in range(1, min(n, len(s) - 1) + 1) if math.isfinite(s[k])]
+        vals = [_ms(float(s[i])) for i in range(1, min(n, len(s) - 1) + 1) if math.isfinite(s[i])]
         return min(vals) if vals else None
 
-    kv = [[int(inputs.memory.kv_capacity_tokens(g.type, t) // KV_UNIT_TOKENS) for t in tp] for g in groups]
-    fits = [[inputs.memory.fits_weights(g.type, t) for t in tp] for g in groups]
-    demand = int(math.ceil(inputs.memory.kv_demand_tokens / KV_UNIT_TOKENS))
-    options = []
-    for gi, g in enumerate(groups):
+    mem = inputs.memory
+    demand = int(math.ceil(mem.kv_demand_tokens / KV_UNIT_TOKENS))
+    choices = []  # per node: (x, transition ms, GPUs used, KV units of colocated, of decode)
+    for k in keys:
+        gib = mem.gpu_memory_gib[k[2]]
+        # KV room of one instance: its GPUs' memory at the utilization cap minus the weights
+        kv_tokens = [max(gib * 2**30 * t * MEMORY_UTILIZATION - mem.weight_bytes, 0.0) / mem.kv_bytes_per_token for t in tp]
+        fits = [v > 0 for v in kv_tokens]
+        kv = [int(v // KV_UNIT_TOKENS) for v in kv_tokens]
         opts = []
-        cap = caps[g.key]
-        for x in itertools.product(*[range((cap // tp[r] if fits[gi][r] else 0) + 1) for r in range(3)]):
-            if sum(tp[r] * x[r] for r in range(3)) <= cap:
-                opts.append((x, node_cost(g, x)))
-        options.append(opts)
+        for x in itertools.product(*[range((caps[k] // tp[r] if fits[r] else 0) + 1) for r in range(3)]):
+            used = sum(tp[r] * x[r] for r in range(3))
+            if used <= caps[k]:
+                opts.append((x, node_cost(k, x), used, kv[0] * x[0], kv[2] * x[2]))
+        choices.append(opts)
     best = None
-    for combo in itertools.product(*options):
-        tot = [sum(x[r] for x, _ in combo) for r in range(3)]
+    for combo in itertools.product(*choices):
+        tot = [sum(o[0][r] for o in combo) for r in range(3)]
+        if max_gpus is not None and sum(o[2] for o in combo) > max_gpus:
+            continue
+        if fixed_pd is not None and (tot[1], tot[2]) != tuple(fixed_pd):
+            continue
         if tot[0] > 0 and tot[1] == 0 and tot[2] == 0 and "colocated" in modes:
             t = envelope(0, tot[0])
-            serving = 0
+            kv_serving = sum(o[3] for o in combo)
         elif tot[0] == 0 and tot[1] > 0 and tot[2] > 0 and "disaggregated" in modes:
             a, b = envelope(1, tot[1]), envelope(2, tot[2])
             t = None if a is None or b is None else max(a, b)
-            serving = 2
+            kv_serving = sum(o[4] for o in combo)
         else:
             continue
-        if t is None:
+        if t is None or kv_serving < demand:
             continue
-        if sum(kv[gi][serving] * x[serving] for gi, (x, _) in enumerate(combo)) < demand:
-            continue
-        obj = t + sum(cost for _, cost in combo) + constant
+        obj = t + sum(o[1] for o in combo) + constant
         best = obj if best is None else min(best, obj)
     return best
+
+
+# ------------------------------------------------------------------------------------------- options
+def random_now(rng: random.Random, state: ClusterState, inputs: PlanningInputs) -> float:
+    """A decision time around the borrow window's edge as often as away from it."""
+    toggle = inputs.costs.lend_s + inputs.costs.return_s
+    edge = state.trainer.next_needs_gpus_at_s - toggle
+    return rng.choice([0.0, max(0.0, edge - rng.uniform(0.0, 2.0)), max(0.0, edge + rng.uniform(0.0, 2.0)), rng.uniform(0.0, 1000.0)])
+
+
+def random_option_fields(rng: random.Random, focus: str, tps: tuple[int, int, int], gpus: int) -> dict:
+    """Keyword arguments for planner.milp.Options exercising `focus` (all fields at random for "mixed").
+
+    `gpus` (the usable GPUs) sizes the P:D counts and GPU caps so that many of them fit. A
+    fixed P:D never comes with a mode set that excludes disaggregation (that contradiction
+    has its own test).
+    """
+
+    def modes(fixed: bool = False) -> tuple[str, ...]:
+        if fixed:
+            return rng.choice([("disaggregated",), ("colocated", "disaggregated")])
+        return rng.choice([("colocated",), ("disaggregated",), ("disaggregated",), ("colocated", "disaggregated")])
+
+    def pools() -> tuple[str, ...]:
+        return tuple(sorted(rng.sample(ALL_POOLS, rng.choice([1, 1, 2, 2, 2]))))
+
+    def fixed_pd() -> tuple[int, int]:
+        if rng.random() < 0.2:
+            return (rng.randint(1, 4), rng.randint(1, 4))
+        p = rng.randint(1, max(1, (gpus - tps[2]) // tps[1]))
+        return (p, rng.randint(1, max(1, (gpus - tps[1] * p) // tps[2])))
+
+    def max_gpus() -> int:
+        return rng.randint(0, max(gpus, 1))
+
+    kw: dict = {}
+    if focus == "modes":
+        kw["modes"] = modes()
+    elif focus == "pools":
+        kw["pools"] = pools()
+    elif focus == "fixed_pd":
+        kw["fixed_pd"] = fixed_pd()
+        if rng.random() < 0.3:
+            kw["modes"] = modes(fixed=True)
+    elif focus == "max_gpus":
+        kw["max_gpus"] = max_gpus()
+    elif focus == "borrow":
+        kw[rng.choice(["allow_borrow", "allow_elastic"])] = False
+    else:
+        if rng.random() < 0.5:
+            kw["fixed_pd"] = fixed_pd()
+        if rng.random() < 0.5:
+            kw["modes"] = modes(fixed="fixed_pd" in kw)
+        for name, draw in (("pools", pools), ("max_gpus", max_gpus)):
+            if rng.random() < 0.5:
+                kw[name] = draw()
+        for name in ("allow_borrow", "allow_elastic"):
+            if rng.random() < 0.2:
+                kw[name] = False
+    return kw

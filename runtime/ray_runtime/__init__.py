@@ -4,6 +4,7 @@ Modules:
   controller      the online loop: ClusterState <- events, policy decisions, plans applied to actors
   rollout_worker  Ray actor holding the engines of its GPU slots (vLLM: one; emulated: many)
   engines         engine backends behind one interface: vLLM AsyncLLM | models.engine on the wall clock
+  vllm_args       what a vLLM engine is built from: EngineSettings and a role -> AsyncEngineArgs
   weight_sync     vLLM worker extension: in-place weight reload from safetensors bytes
   env_worker      the multi-turn calculator-tool task with a verifiable reward
   trainer         GRPO with clipped importance ratios (off-policy correction for stale trajectories)

@@ -10,6 +10,8 @@ earlier turns) and a phase:
   decode   the decode half: the prompt's KV comes from the connector, then decode.
 Outputs stream (DELTA) inside the engine, so an aborted request still returns the tokens
 it generated: the controller keeps that prefix and resumes the turn elsewhere.
+What a vLLM engine is built from (settings, KV connector, scheduling limits) is `vllm_args`;
+`EngineSettings` is re-exported here because every engine owner passes it in.
 """
 
 from __future__ import annotations
@@ -18,35 +20,19 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, kv_transfer_logger
 
 Role = Literal["colocated", "prefill", "decode"]
 Phase = Literal["full", "prefill", "decode"]
 
-EXTENSION_CLS = "runtime.ray_runtime.weight_sync.WeightSyncExtension"
 LOADED_TOKENS = "pearl_loaded_tokens"  # kv_transfer_params key: KV tokens the connector loaded (kv_connector)
 
 
 class EngineStartError(RuntimeError):
     """An engine could not start (bad model path, out of memory, bad connector settings)."""
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How to build one engine; the same for every slot of a run (roles differ per slot)."""
-
-    model: str
-    dtype: str = "float32"
-    max_model_len: int = 1024
-    block_size: int = 32
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
-    kv_store: str = "/tmp/pearl-kv"
-    kv_buffer_device: str = "cpu"
-    gpu_memory_utilization: float = 0.9
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,63 +74,6 @@ class Engine(Protocol):
 
 
 # ----------------------------------------------------------------------------- vLLM
-def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
-    """None for colocated; a producer / consumer config for the disaggregated roles.
-
-    ExampleConnector (CPU, shared folder) needs the explicit producer/consumer split; on GPUs
-    NixlConnector engines are kv_both and the request's kv_transfer_params say which side.
-    Both are vLLM's connectors as subclassed in `kv_connector` (repairs and a loaded-KV report).
-    """
-    if role == "colocated":
-        return None
-    from vllm.config import KVTransferConfig
-
-    if settings.kv_connector == "NixlConnector":
-        return KVTransferConfig(kv_connector="PearlNixlConnector", kv_connector_module_path="runtime.ray_runtime.kv_connector_nixl", kv_role="kv_both", kv_buffer_device=settings.kv_buffer_device)
-    return KVTransferConfig(
-        kv_connector="PearlExampleConnector",
-        kv_connector_module_path="runtime.ray_runtime.kv_connector",
-        kv_role="kv_producer" if role == "prefill" else "kv_consumer",
-        kv_connector_extra_config={"shared_storage_path": settings.kv_store},
-    )
-
-
-def scheduling_args(settings: EngineSettings, role: Role) -> dict[str, Any]:
-    """Whole-prompt prefills on ExampleConnector producers: the connector stores a prompt's KV
-    in the step that first schedules it, so a chunked prefill would store only its first
-    chunk (see `kv_connector`). Without chunking the step budget must hold the longest prompt."""
-    if role != "prefill" or settings.kv_connector != "ExampleConnector":
-        return {}
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)}
-
-
-def kv_transfer_logger(tally: dict[str, float]) -> Any:
-    """A vLLM stat-logger factory that adds the connector's transfer stats into `tally`.
-
-    The KV a decode engine pulled is the evidence of a P -> D handoff that does not depend on
-    the connector: with NixlConnector the decode side reports the prefill side's cache hits as
-    its own cached tokens, so only the transfer counters show the KV really moved.
-    ExampleConnector reports no transfer stats (its loads show as cached tokens instead).
-    """
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class KVTransferTally(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-            data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
-            tally["transfers"] += len(data.get("transfer_duration", ()))
-            tally["bytes"] += float(sum(data.get("bytes_transferred", ())))
-            tally["seconds"] += float(sum(data.get("transfer_duration", ())))
-            tally["failed"] += len(data.get("num_failed_transfers", ()))
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return KVTransferTally
-
-
 class VLLMEngine:
     """One vLLM AsyncLLM in a role. Role changes rebuild the engine (the connector is fixed at start)."""
 
@@ -159,32 +88,15 @@ class VLLMEngine:
         if not os.path.exists(os.path.join(self.settings.model, "config.json")):
             raise EngineStartError(f"model path {self.settings.model!r} has no config.json")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if self.role != "colocated" and self.settings.kv_connector == "ExampleConnector":
             os.makedirs(self.settings.kv_store, exist_ok=True)
-        s = self.settings
         t0 = time.perf_counter()
         try:
-            self._engine = AsyncLLM.from_engine_args(
-                AsyncEngineArgs(
-                    model=s.model,
-                    dtype=s.dtype,
-                    max_model_len=s.max_model_len,
-                    block_size=s.block_size,
-                    enforce_eager=s.enforce_eager,
-                    enable_prefix_caching=s.enable_prefix_caching,
-                    seed=s.seed,
-                    gpu_memory_utilization=s.gpu_memory_utilization,
-                    kv_transfer_config=kv_transfer_config(s, self.role),
-                    worker_extension_cls=EXTENSION_CLS,
-                    **scheduling_args(s, self.role),
-                ),
-                stat_loggers=[kv_transfer_logger(self.kv_tally)],
-            )
+            self._engine = AsyncLLM.from_engine_args(engine_args(self.settings, self.role), stat_loggers=[kv_transfer_logger(self.kv_tally)])
         except Exception as exc:  # vLLM raises many types; the caller needs one clear line
-            raise EngineStartError(f"vLLM engine ({self.role}, model {s.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
+            raise EngineStartError(f"vLLM engine ({self.role}, model {self.settings.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
         start_s = time.perf_counter() - t0
         if self._blob is not None:
             await self._engine.collective_rpc("pearl_load_weights", args=(self._blob,))

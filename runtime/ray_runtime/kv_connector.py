@@ -1,7 +1,7 @@
 """KV connectors for the P/D roles: vLLM's own, with two repairs and one report.
 
 vLLM loads these in its engine-core process by name (`KVTransferConfig.kv_connector` with
-`kv_connector_module_path` = this module); `engines.kv_transfer_config` picks them.
+`kv_connector_module_path` = this module); `vllm_args.kv_transfer_config` picks them.
 
 **Report.** A decode result must say how much KV the connector actually loaded for it:
 the engine's `num_cached_tokens` mixes the decode engine's own prefix cache with the
@@ -20,7 +20,7 @@ and a consumer prompt one token longer than the producer's; neither holds in mul
      then dies in the load (`value tensor of shape [192, 2, 64] cannot be broadcast to
      indexing result of shape [224, 2, 64]`), and the file stays, so a retry dies again.
      Here a store whose blocks do not cover its key is dropped (the consumer recomputes),
-     and `engines.py` disables chunked prefill on producer engines so stores are whole.
+     and `vllm_args.py` disables chunked prefill on producer engines so stores are whole.
   2. It checks for a stored prompt under the first align(len - 1) tokens but stores and
      loads under align(len): for a prompt of 32k + 1 tokens the two keys differ, so a
      producer that finds an earlier turn's shorter key skips its store and the consumer

@@ -1,0 +1,112 @@
+"""What a vLLM engine is built from: PEARL's engine settings and a role, as vLLM's arguments.
+
+`EngineSettings` is the run-wide recipe (model, cache, connector); the role of a slot picks
+the KV connector side and the scheduling limits. `engine_args` turns the two into the
+`AsyncEngineArgs` that `engines.VLLMEngine` starts, and `kv_transfer_logger` is the stat
+logger it passes alongside. Kept apart from the engines so that the vLLM configuration can
+be read (and checked) without the request path; nothing here starts or drives an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runtime.ray_runtime.engines import Role
+
+EXTENSION_CLS = "runtime.ray_runtime.weight_sync.WeightSyncExtension"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to build one engine; the same for every slot of a run (roles differ per slot)."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    block_size: int = 32
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
+    kv_store: str = "/tmp/pearl-kv"
+    kv_buffer_device: str = "cpu"
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+
+
+def engine_args(settings: EngineSettings, role: Role) -> Any:
+    """vLLM's `AsyncEngineArgs` for one engine of `settings` in `role`."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    s = settings
+    return AsyncEngineArgs(
+        model=s.model,
+        dtype=s.dtype,
+        max_model_len=s.max_model_len,
+        block_size=s.block_size,
+        enforce_eager=s.enforce_eager,
+        enable_prefix_caching=s.enable_prefix_caching,
+        seed=s.seed,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        kv_transfer_config=kv_transfer_config(s, role),
+        worker_extension_cls=EXTENSION_CLS,
+        **scheduling_args(s, role),
+    )
+
+
+def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
+    """None for colocated; a producer / consumer config for the disaggregated roles.
+
+    ExampleConnector (CPU, shared folder) needs the explicit producer/consumer split; on GPUs
+    NixlConnector engines are kv_both and the request's kv_transfer_params say which side.
+    Both are vLLM's connectors as subclassed in `kv_connector` (repairs and a loaded-KV report).
+    """
+    if role == "colocated":
+        return None
+    from vllm.config import KVTransferConfig
+
+    if settings.kv_connector == "NixlConnector":
+        return KVTransferConfig(kv_connector="PearlNixlConnector", kv_connector_module_path="runtime.ray_runtime.kv_connector_nixl", kv_role="kv_both", kv_buffer_device=settings.kv_buffer_device)
+    return KVTransferConfig(
+        kv_connector="PearlExampleConnector",
+        kv_connector_module_path="runtime.ray_runtime.kv_connector",
+        kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+        kv_connector_extra_config={"shared_storage_path": settings.kv_store},
+    )
+
+
+def scheduling_args(settings: EngineSettings, role: Role) -> dict[str, Any]:
+    """Whole-prompt prefills on ExampleConnector producers: the connector stores a prompt's KV
+    in the step that first schedules it, so a chunked prefill would store only its first
+    chunk (see `kv_connector`). Without chunking the step budget must hold the longest prompt."""
+    if role != "prefill" or settings.kv_connector != "ExampleConnector":
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)}
+
+
+def kv_transfer_logger(tally: dict[str, float]) -> Any:
+    """A vLLM stat-logger factory that adds the connector's transfer stats into `tally`.
+
+    The KV a decode engine pulled is the evidence of a P -> D handoff that does not depend on
+    the connector: with NixlConnector the decode side reports the prefill side's cache hits as
+    its own cached tokens, so only the transfer counters show the KV really moved.
+    ExampleConnector reports no transfer stats (its loads show as cached tokens instead).
+    """
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class KVTransferTally(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
+            tally["transfers"] += len(data.get("transfer_duration", ()))
+            tally["bytes"] += float(sum(data.get("bytes_transferred", ())))
+            tally["seconds"] += float(sum(data.get("transfer_duration", ())))
+            tally["failed"] += len(data.get("num_failed_transfers", ()))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return KVTransferTally
