@@ -124,6 +124,8 @@ class Executor:
         expansion = frozenset(i for i, a in actions.items() if a.kind == "start" and not (set(_ancestors(actions, i)) & stops))
         rid = self._next
         self._next += 1
+        if not actions:
+            return rid, Progress()  # nothing to run: settled at once
         self._runs[rid] = _Run(rid, actions, {i: PENDING for i in actions}, expansion, load_of, dependents=dependents)
         return rid, self._release()
 
@@ -182,28 +184,26 @@ class Executor:
                         stack.append(d)
 
         give_up(aid)
-        cancelled: list[Action] = []
+        cancelled: dict[int, Action] = {}
         owner = next((s for s, ld in run.load_of.items() if ld == aid), None)
-        if owner is not None and run.actions[owner].kind == "start" and owner not in run.expansion and run.status[owner] == DONE:
-            cancelled.append(run.actions[owner])  # a replacement engine that could not load weights
+        if owner is not None and run.actions[owner].kind == "start" and run.status[owner] == DONE:
+            cancelled[owner] = run.actions[owner]  # a new engine that could not load weights never serves
         members = set(run.expansion) | {run.load_of[s] for s in run.expansion if s in run.load_of}
         if (members & ({aid} | {a.id for a in failed})) and not run.expansion_failed and not run.admitted:
             run.expansion_failed = True  # all or nothing: the rest of the group is not admitted
             for s in sorted(run.expansion):
+                ld = run.load_of.get(s)
+                if ld is not None and run.status[ld] == PENDING:
+                    run.status[ld] = FAILED
+                    failed.append(run.actions[ld])
                 if run.status[s] == PENDING:
                     run.status[s] = FAILED
                     failed.append(run.actions[s])
                     give_up(s)
-                elif run.status[s] == DONE:
-                    ld = run.load_of.get(s)
-                    if ld is not None and run.status[ld] == RUNNING:
-                        continue  # cancelled when its weight load ends (see _completed)
-                    if ld is not None and run.status[ld] == PENDING:
-                        run.status[ld] = FAILED
-                        failed.append(run.actions[ld])
-                    cancelled.append(run.actions[s])
-                # a start still running is cancelled when it ends (see _completed)
-        return Progress(cancelled=tuple(cancelled), failed=tuple(failed))
+                elif run.status[s] == DONE and not (ld is not None and run.status[ld] == RUNNING):
+                    cancelled[s] = run.actions[s]
+                # a start (or its weight load) still running is cancelled when it ends (see _completed)
+        return Progress(cancelled=tuple(cancelled.values()), failed=tuple(failed))
 
     def _release(self) -> Progress:
         """Every pending action whose dependencies succeeded and whose GPUs no earlier plan still holds."""

@@ -21,6 +21,7 @@ from models.config import CostWeights
 from planner.backends import BACKENDS, solve
 from planner.inputs import ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.milp import Options, build_problem, evaluate
+from planner.solve import solve_step
 from planner.state import GPU, ClusterState, TrainerPhase
 from planner_cases import allowed_pools, borrow_window_is_open, oracle, random_inputs, random_now, random_option_fields, random_state
 
@@ -183,22 +184,21 @@ def test_options_by_hand(backend: str) -> None:
             assert sol.status == "optimal" and sol.objective_ms == expected, (trainer, now, opts, sol.status, sol.objective_ms)
 
 
-# A fixed P:D with no disaggregated mode allowed (or no mode at all) admits no plan. Known
-# planner bug: the mode variable gets lower bound 1 > upper bound 0 (planner/backends.py
-# linear_model, lines 96-100: `lo_m = 1` under fixed_pd while `hi_m = 0`; planner/pulp_model.py
-# line 54, the `dis` variable). HiGHS-direct, CBC and SCIP answer "infeasible"; CP-SAT answers
-# "no_solution" (invalid model, so solve_step skips the diagnosis and PearlPolicy would take it
-# for a time-out), MathOpt/HiGHS raises (INVALID_ARGUMENT, masked by an AttributeError inside
-# ortools) and PuLP raises PulpSolverError.
+# A fixed P:D with no disaggregated mode allowed (or no mode at all) admits no plan. The mode
+# variable would need lower bound 1 > upper bound 0, which some solvers reject as an invalid
+# model (CP-SAT: no_solution, MathOpt/HiGHS and PuLP: exceptions) instead of proving
+# infeasibility; every backend must answer "infeasible" with the family "policy", and the
+# planning step must report the same family.
 CONTRADICTORY = (Options(fixed_pd=(1, 1), modes=("colocated",)), Options(modes=()), Options(fixed_pd=(2, 1), modes=()))
-_BOUNDS_BUG = pytest.mark.xfail(strict=True, reason="mode variable with lower bound > upper bound (planner/backends.py:96-100, planner/pulp_model.py:54)")
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_BOUNDS_BUG) if b in ("cpsat", "highs", "pulp") else b for b in BACKENDS])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_contradictory_options_are_infeasible(backend: str) -> None:
     inputs = _hand_inputs()
     state = _hand_state(TrainerPhase("training", 100.0))
     for opts in CONTRADICTORY:
         assert oracle(state, inputs, 0.0, opts) is None
         sol = solve(build_problem(state, inputs, 0.0, opts), backend, time_limit_s=10.0)
-        assert sol.status == "infeasible", (opts, sol.status)
+        assert sol.status == "infeasible" and sol.infeasible_family == "policy", (opts, sol.status, sol.infeasible_family)
+        _, step_sol, decision = solve_step(state, inputs, 0.0, opts, backend)
+        assert decision is None and step_sol.status == "infeasible" and step_sol.infeasible_family == "policy", (opts, step_sol)

@@ -27,12 +27,13 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "failed_trajectories", "worker_failures",
-                        "late_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched"}
+                        "late_returns", "train_delay_s", "forced_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched"}
     assert out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["weights_mismatched"] == 0
     assert out["steps"] == 3 and out["weight_version"] == 3
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     trouble = [r for r in recs if r["record"] in ("trajectory_lost", "expansion_cancelled", "start_failed")]
-    assert out["lost_trajectories"] == 0 and out["late_returns"] == 0, (out, trouble[:5])
+    assert out["lost_trajectories"] == 0 and out["forced_returns"] == 0, (out, trouble[:5])
+    assert out["late_returns"] == 0 and out["train_delay_s"] == 0, (out, trouble[:5])
     setup = next(r for r in recs if r["record"] == "setup")
     assert len(setup["slots"]) == 32
     decisions = [r for r in recs if r["record"] == "decision"]
@@ -52,10 +53,11 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     assert [r["elastic"] for r in recs if r["record"] == "availability"] == [0, 12]
     # capacity drives the PD mode: with only the 4 reserved GPUs (elastic gone, lent GPUs
     # handed back for training) the planner colocates two TP2 engines; with elastic or
-    # borrowed GPUs it disaggregates. Every flip is the planner's answer to a capacity event.
+    # borrowed GPUs it disaggregates. Every flip is the planner's answer to a capacity event
+    # (return_due: the borrow window closes and the lent GPUs are recalled).
     flips = [(a["mode"], b["mode"], b["event"]) for a, b in zip(decisions, decisions[1:]) if a["mode"] != b["mode"]]
     assert ("disaggregated", "colocated") in {f[:2] for f in flips} and ("colocated", "disaggregated") in {f[:2] for f in flips}, flips
-    assert all(ev in ("availability", "training_begin", "training_end") for _, _, ev in flips), flips
+    assert all(ev in ("availability", "training_begin", "training_end", "return_due") for _, _, ev in flips), flips
     # borrowed training GPUs are handed back before every training step
     for i, d in enumerate(decisions):
         if d["lent_gpus"] > 0:

@@ -11,7 +11,7 @@ from runtime.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = str(ROOT / "configs/experiments/default.yaml")
-KEYS = {"steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns"}
+KEYS = {"steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns", "train_delay_s"}
 
 
 def test_compare_json_contract_and_plot(tmp_path):

@@ -9,7 +9,9 @@ import typer
 
 from runtime.cli import app, user_errors
 
-CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns")
+# late_returns / train_delay_s are measured by the loan ledger (runtime/loans.py): lent GPUs
+# still out when the trainer needed them, and how long its steps waited for them
+CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns", "train_delay_s")
 
 
 def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) -> None:
@@ -105,13 +107,13 @@ def compare(
 
     base = results[names[0]].tokens_per_s
     t = Table(title=f"{spec.name}: {spec.model_name}, {h:g} simulated h, seed {next(iter(results.values())).seed}")
-    for col in ("policy", "tokens/s", f"vs {names[0]}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns"):
+    for col in ("policy", "tokens/s", f"vs {names[0]}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns", "train delay s"):
         t.add_column(col, justify="right" if col != "policy" else "left")
     for n, r in results.items():
         s = r.summary()
         rel = f"{(r.tokens_per_s / base - 1) * 100:+.1f}%" if base else "-"
         t.add_row(n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
-                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]))
+                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]), f"{s['train_delay_s']:.1f}")
     Console().print(t)
     if plot is not None:
         Console(stderr=True).print(f"plot: {plot}")

@@ -1,0 +1,58 @@
+"""Scripted scenarios for tests and experiments: elastic GPUs coming and going on a schedule,
+and load or policy changes at given steps (`runtime.elastic_events`, `runtime.load_changes`,
+or a real availability trace). Scaffolding around a run, not part of the controller: it
+only changes what the controller reads (availability, workload, policy) and asks it to
+decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from runtime.ray_runtime.resources import AvailabilityChange
+
+
+def apply_load_change(ctl: Any, b: int) -> bool:
+    """Apply the configured changes for batch `b`; True if the workload changed."""
+    changed = False
+    for ch in ctl.rt.load_changes:
+        if ch.at_step == b and ch.policy:
+            from planner.policies import get_policy
+
+            ctl.policy = get_policy(ch.policy)
+            ctl.metrics.write("policy_change", step=b, policy=ch.policy)
+            ctl.log(f"policy change at step {b}: {ch.policy}")
+        if ch.at_step == b and ch.workload:
+            w = ctl.spec.workload.model_validate({**ctl.spec.workload.model_dump(), **ch.workload})
+            ctl.spec = ctl.spec.model_copy(update={"workload": w})
+            ctl.tracker.spec = ctl.tracker.spec.model_copy(update={"workload": w})
+            ctl.batch_size = w.trajectories_per_batch
+            ctl.response_tokens = int(round(w.response_tokens_per_turn.expected()))
+            ctl.metrics.write("load_change", step=b, workload=ch.workload)
+            ctl.log(f"load change at step {b}: {ch.workload}")
+            changed = True
+    return changed
+
+
+async def elastic_loop(ctl: Any, schedule: tuple[AvailabilityChange, ...]) -> None:
+    """Follow the availability schedule: a shrink stops the workers on vanished GPUs at once
+    (their requests resume elsewhere), then the policy decides."""
+    table = ctl.table
+    for ch in schedule:
+        origin = ctl.t0
+        if ch.after_step is not None:
+            while ch.after_step not in ctl.batch_started:
+                await asyncio.sleep(0.05)
+            origin = ctl.batch_started[ch.after_step]
+        delay = ch.at_s - (time.monotonic() - origin)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if ch.available == table.elastic_available:
+            continue
+        ctl.metrics.write("availability", elastic=ch.available, at_s=round(time.monotonic() - ctl.t0, 3))
+        ctl.log(f"elastic GPUs: {table.elastic_available} -> {ch.available}")
+        table.elastic_available = ch.available
+        await ctl.preempt(table.gone_elastic())
+        await ctl.decide("availability")

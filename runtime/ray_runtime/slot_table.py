@@ -1,0 +1,91 @@
+"""The Ray runtime's GPU slots as data: which worker each slot leads, in which role and status,
+and the planner's `ClusterState` built from them. Pure (no Ray, no clock): testable alone.
+
+Every GPU is a stable slot; a worker is named by the slot that leads its TP group
+(`runtime/naming.py`), so a worker restarted on the same GPUs keeps its name. A lent
+training GPU is recorded in the loan ledger (`runtime/loans.py`), not here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.state import ClusterState, TrainerPhase, Worker
+from planner.transition import Action
+from runtime.naming import lead_gpu, worker_id
+from runtime.ray_runtime.resources import Slot
+
+SERVING_STATES = ("starting", "active", "draining", "switching")
+
+
+@dataclass
+class SlotRuntime:
+    """Mutable runtime record of one stable GPU slot."""
+
+    slot: Slot
+    actor: Any = None
+    slot_no: int = 0
+    role: str | None = None
+    status: str = "down"  # down | starting | active | draining | switching | parked
+    load: int = 0
+    version: int = 0
+    served: int = 0
+    gpus: tuple[str, ...] = ()  # the worker's TP group when this slot leads one
+    parked: bool = False  # a returned training slot: process and engine alive, serving nothing
+    failures: int = 0  # unplanned deaths of this slot's worker (bounded: runtime.max_restarts_per_slot)
+    last_error: str = ""
+
+    @property
+    def worker_id(self) -> str:
+        return worker_id(self.slot.gpu)
+
+
+class SlotTable:
+    """Every slot's record, elastic availability, and dead slots; planner state in and out."""
+
+    def __init__(self, base: ClusterState, slots: tuple[Slot, ...]) -> None:
+        self.base = base
+        self.slots = slots
+        self.rec: dict[str, SlotRuntime] = {s.gpu: SlotRuntime(s, slot_no=s.index) for s in slots}
+        self.elastic_total = sum(1 for s in slots if s.pool == "elastic")
+        self.elastic_available = self.elastic_total
+        self.dead: set[str] = set()
+
+    def gone_elastic(self) -> set[str]:
+        return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
+
+    def of(self, a: Action) -> SlotRuntime:
+        """The slot an action acts on: its worker's lead GPU, else its first GPU."""
+        if a.worker is not None and a.worker.startswith("w:"):
+            return self.rec[lead_gpu(a.worker)]
+        if a.gpus:
+            return self.rec[a.gpus[0]]
+        raise KeyError(f"plan action {a} names no slot")
+
+    def serving(self, role: str) -> list[SlotRuntime]:
+        return [r for r in self.rec.values() if r.status == "active" and r.role == role and r.slot.gpu not in self.dead]
+
+    def state(self, trainer: TrainerPhase, version: int, unfinished: float, lent: set[str]) -> ClusterState:
+        """The cluster as the planner sees it (before the executor adds what running plans will do)."""
+        gone = self.gone_elastic()
+        gpus, workers = [], []
+        for g in self.base.gpus:
+            r = self.rec[g.id]
+            gpus.append(replace(g, available=g.id not in gone, borrowed=g.id in lent and g.pool == "training"))
+            if r.status in SERVING_STATES and r.role is not None and r.gpus and not set(r.gpus) & gone and g.id not in self.dead:
+                if g.pool == "training" and g.id not in lent:
+                    continue
+                workers.append(Worker(r.worker_id, r.role, r.gpus, len(r.gpus), r.version, r.status == "draining"))  # type: ignore[arg-type]
+        return ClusterState(tuple(gpus), tuple(workers), trainer, version, min(max(unfinished, 0.0), 1.0))
+
+    def mode(self, wanted: str) -> str:
+        roles = Counter(r.role for r in self.rec.values() if r.status == "active")
+        if roles["prefill"] and roles["decode"] and (wanted == "disaggregated" or not roles["colocated"]):
+            return "disaggregated"
+        return "colocated"
+
+    def ratio(self, mode: str) -> str:
+        roles = Counter(r.role for r in self.rec.values() if r.status == "active")
+        return f"{roles['prefill']}P{roles['decode']}D" if mode == "disaggregated" else f"{roles['colocated']}C"
