@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from planner.milp import PlanningProblem, Solution
+from planner.milp import PlanningProblem, Solution, policy_contradiction
 
 BACKENDS = ("cpsat", "highs", "highspy", "cbc", "scip", "pulp")
 
@@ -47,6 +47,11 @@ INF = math.inf
 
 
 def linear_model(p: PlanningProblem) -> LinearModel:
+    """The program as data. Contradictory options have no valid mode bounds: the solve_*
+    functions answer those with `Solution.contradictory` before building anything."""
+    why = policy_contradiction(p)
+    if why is not None:
+        raise ValueError(f"contradictory options: {why}")
     lm = LinearModel(const=p.constant_ms)
     tp = p.tp
     role_vars: list[list[tuple[int, int]]] = [[], [], []]  # (var, coef) for N_r
@@ -93,10 +98,8 @@ def linear_model(p: PlanningProblem) -> LinearModel:
             lm.cost(u, -save)
         lm.x.append(xs)
     # mode and one-hot selection over pruned tables
-    lo_m = 0 if "colocated" in p.modes else 1
+    lo_m = 0 if "colocated" in p.modes and p.fixed_pd is None else 1
     hi_m = 1 if "disaggregated" in p.modes else 0
-    if p.fixed_pd is not None:
-        lo_m = 1
     m = lm.var("m", lo_m, hi_m)
     t_max = max([t for e in p.entries for _, t in e] + [0])
     T = lm.var("T", 0, t_max)
@@ -149,6 +152,8 @@ def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed:
     (reproducible on an idle machine), whichever comes first."""
     from ortools.sat.python import cp_model
 
+    if (bad := Solution.contradictory(p, "cpsat")) is not None:
+        return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
     model = cp_model.CpModel()
@@ -184,6 +189,8 @@ def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed:
 
     from ortools.math_opt.python import mathopt
 
+    if (bad := Solution.contradictory(p, "highs")) is not None:
+        return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
     model = mathopt.Model(name="pearl")
@@ -215,6 +222,8 @@ def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Sol
     import highspy
     import numpy as np
 
+    if (bad := Solution.contradictory(p, "highspy")) is not None:
+        return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
     h = _quiet_highs()
@@ -279,6 +288,8 @@ def _quiet_highs():
 def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solution:
     from ortools.linear_solver import pywraplp
 
+    if (bad := Solution.contradictory(p, engine)) is not None:
+        return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
     solver = pywraplp.Solver.CreateSolver(engine.upper())

@@ -264,6 +264,20 @@ def bound_prune(problem: PlanningProblem) -> PlanningProblem:
     return replace(problem, entries=tuple(out))
 
 
+def policy_contradiction(problem: PlanningProblem) -> str | None:
+    """Why the policy options admit no mode (no plan can exist), or None.
+
+    `fixed_pd` pins the prefill and decode counts, so it needs the disaggregated mode; an
+    empty (or unknown-only) `modes` allows nothing. Checked before any solver model is built.
+    """
+    allowed = {m for m in problem.modes if m in ("colocated", "disaggregated")}
+    if not allowed:
+        return f"no rollout mode allowed (modes={problem.modes!r})"
+    if problem.fixed_pd is not None and "disaggregated" not in allowed:
+        return f"fixed_pd={problem.fixed_pd!r} needs the disaggregated mode (modes={problem.modes!r})"
+    return None
+
+
 # ------------------------------------------------------------------------------------- solution
 @dataclass(frozen=True)
 class Solution:
@@ -275,6 +289,17 @@ class Solution:
     solve_ms: float
     backend: str
     infeasible_family: str | None = None
+
+    @classmethod
+    def contradictory(cls, problem: PlanningProblem, backend: str) -> Solution | None:
+        """The answer for options that admit no mode at all, before any model is built.
+
+        Every backend calls this first: the program would need a mode variable with lower
+        bound above upper bound, which some solvers reject as invalid instead of proving
+        infeasibility, so all of them answer "infeasible" (family "policy") here instead."""
+        if policy_contradiction(problem) is None:
+            return None
+        return cls("infeasible", tuple((0, 0, 0) for _ in problem.groups), 0, 0, -math.inf, 0.0, backend, "policy")
 
     @property
     def gap(self) -> float:
@@ -389,11 +414,14 @@ def evaluate(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...]) -> i
 def diagnose(problem: PlanningProblem, rebuild, solve_fn) -> str:
     """Name the constraint family that makes `problem` infeasible.
 
+    Options that contradict each other (`policy_contradiction`) are 'policy' outright.
     `rebuild(relax)` builds the same problem with families switched off; the first family
     whose relaxation restores feasibility is reported. Otherwise the GPUs themselves are
     missing: 'tp_within_node' when enough GPUs exist but no node holds a TP group, else
     'availability'.
     """
+    if policy_contradiction(problem) is not None:
+        return "policy"  # the options contradict each other, whatever else is wrong
     for fam in ("policy", "borrow_window", "memory"):
         sol = solve_fn(rebuild((fam,)))
         if sol.status in ("optimal", "feasible"):

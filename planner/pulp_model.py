@@ -19,6 +19,8 @@ from planner.milp import PlanningProblem, Solution
 
 
 def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
+    if (bad := Solution.contradictory(p, "pulp")) is not None:  # the `dis` bounds below would cross
+        return bad
     t0 = time.perf_counter()
     prob = pulp.LpProblem("pearl", pulp.LpMinimize)
     tp = p.tp
