@@ -334,6 +334,7 @@ class RuntimeSpec(Frozen):
     trainer_backend: Literal["torch", "fsdp", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines; fsdp shards the torch trainer over trainer_world_size ranks")
     trainer_world_size: PositiveInt = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: PositiveInt = Field(1, description="emulated backend: actors hosting the virtual GPUs")
+    refit: bool = Field(True, description="refit the predictor from each measured step; false plans with the configured models throughout (what the simulator does)")
     max_restarts_per_slot: Annotated[int, Field(ge=0, le=100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
     restart_backoff_s: Annotated[float, Field(ge=0.0, le=600.0)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
     faults: list[FaultSpec] = Field(default_factory=list, description="fault injection for tests: engines that die on matching requests")

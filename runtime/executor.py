@@ -101,7 +101,9 @@ class Executor:
         """`state` with every action not yet begun applied (what the running plans will do);
         a lend or return under way counts as done (its GPUs are already promised)."""
         todo = tuple(a for run in self._runs.values() for i, a in run.actions.items()
-                     if run.status[i] == PENDING or (run.status[i] == RUNNING and a.kind in ("lend", "return")))
+                     if (run.status[i] == PENDING or (run.status[i] == RUNNING and a.kind in ("lend", "return")))
+                     and (a.kind not in ("start", "lend") or all(state.gpu(g).available for g in a.gpus)))
+        # (a start or lend on a GPU that has gone since will fail when it begins: it is not promised)
         if not todo:
             return state
         return apply_plan(state, TransitionPlan(todo, 0, 0, 0, 0, 0))

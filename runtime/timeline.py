@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.config import ExperimentSpec
 from models.training import training_step_s
@@ -40,6 +41,13 @@ class TrainerTimeline:
         if not waiting:
             return now
         return now + max(self.expected_batch_s(predicted_s) - max(elapsed_s, 0.0), 0.0)
+
+
+def prior_batch_s(inputs: Any, rollout_gpus: int) -> float:
+    """Predicted batch time on the reserved rollout GPUs, colocated (`inputs`: planner
+    PlanningInputs): the timeline's estimate before any decision has predicted one."""
+    k = min(rollout_gpus // inputs.tp("colocated"), inputs.colocated.max_instances)
+    return float(inputs.colocated.seconds[k]) if k >= 1 else math.nan
 
 
 def train_step_s(spec: ExperimentSpec, tokens: float) -> float:

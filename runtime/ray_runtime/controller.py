@@ -134,9 +134,9 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         (awaited only if `wait`; a failed plan then raises unless `raise_errors` is False)."""
         task = None
         async with self.lock:
-            state = self.cluster_state()
             now = self.now()
             try:
+                state = self.cluster_state()
                 step = await asyncio.to_thread(_decide, self.policy, state, self.inputs, now, event)
             except Exception as exc:  # no feasible plan (e.g. nothing available): keep what runs, say why
                 self.metrics.write("decision_failed", event=event, at_s=round(now, 3), error=f"{type(exc).__name__}: {exc}")
@@ -219,8 +219,9 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
                 trajs, seconds = await self._rollout_batch(b)
                 self.timeline.batch_done(seconds * self.scale)
                 tel = self._telemetry(b, trajs, seconds)
-                self.tracker.observe(tel)
-                self._refresh_inputs()
+                if self.rt.refit:  # else the configured models plan throughout (as in the simulator)
+                    self.tracker.observe(tel)
+                    self._refresh_inputs()
                 self.metrics.write("rollout_step", **tel.__dict__, error=tel.error, gen_tok_per_s=tel.generated_tokens / max(seconds, 1e-9), resumed_turns=self.resumed_turns, kv_handoffs=self.kv_handoffs)
                 await queue.put((b, trajs, tel))
 

@@ -45,9 +45,12 @@ class PlanRunner:
         for a in progress.cancelled:
             self._spawn(self._stop_slot(self.table.of(a)))
             self.metrics.write("expansion_cancelled", worker=a.worker)
+        gone = self.table.gone_elastic()
         for a in progress.admitted + progress.serving:
             r = self.table.of(a)
-            if r.status in ("starting", "switching"):
+            if set(r.gpus) & gone:
+                self._spawn(self._stop_slot(r))  # preempted while it started or switched: it never serves
+            elif r.status in ("starting", "switching"):
                 r.status = "active"  # admitted together with its group, or back in its new role
         if progress.admitted or progress.serving:
             self._update_mode()
@@ -134,6 +137,9 @@ class PlanRunner:
                 r.gpus = tuple(a.gpus) or (r.slot.gpu,)
                 if not await self._start_slot(r, a.role):  # type: ignore[arg-type]
                     return False
+                if set(r.gpus) & self.table.gone_elastic():  # preempted while it started: it never joins
+                    await self._stop_slot(r)
+                    return False
                 self.tracker.record_transition("start", (time.monotonic() - t0) * self.scale)
             elif a.kind == "load_weights":
                 if r.actor is not None and self.version > r.version:
@@ -206,7 +212,9 @@ class PlanRunner:
         """Elastic GPUs vanished: their workers stop now (urgent); requests resume elsewhere."""
         for r in self.rec.values():
             if set(r.gpus) & gone and r.status in ("active", "starting", "switching", "draining"):
-                await self._drain(r)  # before taking the lock: an in-flight start must not delay it
+                await self._drain(r)
+                if self.slot_locks[r.slot.gpu].locked():
+                    continue  # an action is under way on it (an engine start): it stops when that ends
                 async with self.slot_locks[r.slot.gpu]:
                     await self._stop_slot(r)
 

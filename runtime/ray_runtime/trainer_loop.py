@@ -13,7 +13,6 @@ does (`weight_sync.PROBE_TOKENS`). Mixed into `Controller`.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import numpy as np

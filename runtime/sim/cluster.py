@@ -74,7 +74,7 @@ class ClusterSide:
             gids = tuple(gpu_name(self.nodes[inst.nid].name, s) for s in inst.slots)
             workers.append(Worker(worker_id(inst.lead), inst.role, gids, len(gids), inst.weights, inst.state == "draining"))  # type: ignore[arg-type]
         waiting = self.phase == "waiting"
-        b = self.batches[self.next_step] if self.next_step < len(self.batches) else None
+        b = self.batches[-1] if self.batches else None  # the batch in rollout
         elapsed = self.now - b.launched_at if b is not None else 0.0
         needs_at = self.timeline.needs_gpus_at(self.now, waiting, elapsed, self.predicted_s)
         unfinished = (b.size - b.done) / b.size if b is not None else 1.0

@@ -70,13 +70,6 @@ class FixedLayout:
         return PolicyStep(build_plan(state, d, inputs, now), lay.mode, self.predicted_s, {"ratio": d.ratio, "applied": True})
 
 
-def prior_batch_s(inputs: PlanningInputs, rollout_gpus: int) -> float:
-    """Predicted batch time on the reserved rollout GPUs, colocated: the trainer timeline's
-    estimate before any decision has predicted one."""
-    k = min(rollout_gpus // inputs.tp("colocated"), inputs.colocated.max_instances)
-    return float(inputs.colocated.seconds[k]) if k >= 1 else math.nan
-
-
 def place(state: ClusterState, layout: Layout, tp: dict, lendable: bool) -> tuple[GroupTarget, ...]:
     """Per-group instance counts for a fixed layout: workers stay where they are, the rest fill
     free GPUs (reserved rollout first, then elastic, then up to `layout.borrow` lent training ones)."""

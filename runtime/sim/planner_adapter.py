@@ -16,7 +16,8 @@ from planner.policies import PlanningError, get_policy
 from planner.state import ClusterState
 from planner.transition import TransitionPlan
 from runtime.gc_pause import gc_deferred
-from runtime.sim.layout import PolicyStep, prior_batch_s
+from runtime.sim.layout import PolicyStep
+from runtime.timeline import prior_batch_s
 
 NO_PLAN = TransitionPlan((), 0, 0, 0, 0, 0)
 

@@ -42,19 +42,25 @@ class RolloutSide:
     """Trajectory handling for `Simulator` (attributes are the simulator's)."""
 
     def _launch_admissible(self) -> None:
-        while len(self.batches) <= self.version + self.staleness:
-            j = len(self.batches)
-            k = self.cohort
-            plans = self.sampler.sample(self.B // k)
-            tids = []
-            for p in plans:
-                tid = len(self.trajs)
-                self.trajs[tid] = Traj(tid, j, p, k)
-                tids.append(tid)
-            self.batches.append(Batch(j, tids, self.now, k * sum(p.total_tokens() for p in plans), self.B))
-            self.r.launched += self.B
-            for tid in tids:
-                self._dispatch(self.trajs[tid])
+        """Start the next batch once the last one is done and the weights are at most
+        `staleness` versions behind (the Ray runtime's rollout loop: one batch at a time)."""
+        j = len(self.batches)
+        if (j > 0 and self.batches[-1].done_at is None) or j > self.version + self.staleness:
+            return
+        if j > 0:
+            self._consult("rollout_step")  # a batch boundary: R/B is 1 again
+        k = self.cohort
+        plans = self.sampler.sample(self.B // k)
+        tids = []
+        for p in plans:
+            tid = len(self.trajs)
+            self.trajs[tid] = Traj(tid, j, p, k)
+            tids.append(tid)
+        self.batches.append(Batch(j, tids, self.now, k * sum(p.total_tokens() for p in plans), self.B))
+        self.r.launched += self.B
+        self._batch_launched(j)
+        for tid in tids:
+            self._dispatch(self.trajs[tid])
 
     def _home(self, role: str, home: tuple[int, int] | None):
         if home is None:
@@ -153,10 +159,8 @@ class RolloutSide:
             b.done_at = self.now
             self.timeline.batch_done(self.now - b.launched_at)
             self.r.batch_times_s.append(round(self.now - b.launched_at, 3))
-            before = self.phase
+            self._launch_admissible()  # the next batch (if the weights allow), then the trainer
             self._maybe_train()
-            if self.phase == before:  # the trainer does not start on it now: a batch-boundary decision
-                self._consult("rollout_step")
 
     def _evict(self, inst) -> list[int]:
         """Take every request off the instance; return the trajectories to resume."""

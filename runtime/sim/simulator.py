@@ -68,6 +68,7 @@ class Simulator(RolloutSide, ClusterSide):
         rollout_only: bool = False,
         cohort: int = 1,
         max_batched_tokens: int = 8192,
+        elastic_events: tuple = (),
     ) -> None:
         spec = models.spec
         self.m, self.spec, self.policy = models, spec, policy
@@ -96,6 +97,8 @@ class Simulator(RolloutSide, ClusterSide):
         self.inputs = planning_inputs(models, len(self.gpu_at))
         self.avail_times: list[float] = []
         self.avail_gpus: list[int] = []
+        # scripted availability (runtime/scenarios.py): (virtual seconds, elastic GPUs, after batch or None)
+        self.elastic_events = tuple(elastic_events)
         if availability is not None:
             self.avail_times = [float(x) for x in availability.times_s]  # type: ignore[attr-defined]
             self.avail_gpus = [int(x) for x in availability.gpus]  # type: ignore[attr-defined]
@@ -143,6 +146,11 @@ class Simulator(RolloutSide, ClusterSide):
         for i, t in enumerate(self.avail_times[1:], start=1):
             if t <= self.horizon:
                 self._push(max(t, 0.0), E_TRACE, i)
+        for at, gpus, after in self.elastic_events:
+            if after is None and at <= 0:  # the pool as the run starts, before the first decision
+                self._set_elastic(gpus)
+            elif after is None:
+                self._availability_at(at, gpus)
         self._push(self.sample_s, E_SAMPLE)
         self._consult("initial")
         self._launch_admissible()
@@ -198,6 +206,16 @@ class Simulator(RolloutSide, ClusterSide):
         self._finish(n_events)
         return self.r
 
+    def _availability_at(self, t: float, gpus: int) -> None:
+        """A scripted availability change at time t (an E_TRACE event like a trace's: the policy decides)."""
+        self.avail_gpus.append(gpus)
+        self._push(max(t, self.now), E_TRACE, len(self.avail_gpus) - 1)
+
+    def _batch_launched(self, j: int) -> None:
+        for at, gpus, after in self.elastic_events:
+            if after == j:
+                self._availability_at(self.now + at, gpus)
+
     # ================================================================== policy
     def _consult(self, event: str) -> None:
         state = self.cluster_state()
@@ -215,7 +233,7 @@ class Simulator(RolloutSide, ClusterSide):
             self.mode = step.mode
             _, progress = self.executor.submit(step.plan)
             self._execute(progress, warm=self.warm and event == "initial")
-        self.r.decision_log.append((round(self.now, 2), event, step.mode, dict(step.info)))
+        self.r.decision_log.append((round(self.now, 2), event, step.mode, {**step.info, "kinds": [a.kind for a in step.plan.actions]}))
         self._arm_return_due()
 
     def _arm_return_due(self) -> None:
@@ -278,8 +296,8 @@ class Simulator(RolloutSide, ClusterSide):
         for inst in self.instances.values():
             inst.weights = self.version  # the sync reached every engine
         self.phase = "waiting"
-        self._launch_admissible()
         self._consult("training_end")
+        self._launch_admissible()
         self._maybe_train()
 
     # ================================================================== metrics
