@@ -69,12 +69,12 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"late returns, measured ({args.hours:g} simulated h; predicted batch {pred:.0f} s)")
-    for col in ("scenario", "factor", "steps", "lent GPUs", "late returns", "train delay s", "forced", "tokens/s", "lost"):
+    for col in ("scenario", "factor", "steps", "GPUs lent", "late returns", "train delay s", "forced", "tokens/s", "lost"):
         t.add_column(col, justify="left" if col == "scenario" else "right")
     for r in rows:
         t.add_row(r["scenario"], f"{r['factor']:g}", str(r["steps"]), str(r["lends"]), str(r["late_returns"]), f"{r['train_delay_s']:.1f}",
                   str(r["forced_returns"]), f"{r['tokens_per_s']:,.0f}", str(r["lost"]))
-    Console().print(t)
+    Console(width=160).print(t)
 
 
 if __name__ == "__main__":

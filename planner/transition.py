@@ -269,8 +269,7 @@ def plan_cost_ms(plan: TransitionPlan, state: ClusterState, inputs: PlanningInpu
 def apply_plan(state: ClusterState, plan: TransitionPlan) -> ClusterState:
     """The state after every action of `plan` has completed (pure; for offline planning and tests)."""
     workers = {w.id: w for w in state.workers}
-    lent: set[str] = set()
-    returned: set[str] = set()
+    borrowed = {g.id: g.borrowed for g in state.gpus}  # in action order: a GPU returned, then lent again, is lent
     for a in plan.actions:
         if a.kind == "stop" and a.worker in workers:
             del workers[a.worker]
@@ -280,9 +279,7 @@ def apply_plan(state: ClusterState, plan: TransitionPlan) -> ClusterState:
             workers[a.worker] = Worker(a.worker, a.role, a.gpus, len(a.gpus), state.weight_version)  # type: ignore[arg-type]
         elif a.kind == "load_weights" and a.worker in workers:
             workers[a.worker] = replace(workers[a.worker], weight_version=state.weight_version)
-        elif a.kind == "lend":
-            lent.update(a.gpus)
-        elif a.kind == "return":
-            returned.update(a.gpus)
-    gpus = tuple(replace(g, borrowed=(g.borrowed or g.id in lent) and g.id not in returned) for g in state.gpus)
+        elif a.kind in ("lend", "return"):
+            borrowed.update({g: a.kind == "lend" for g in a.gpus})
+    gpus = tuple(replace(g, borrowed=borrowed[g.id]) for g in state.gpus)
     return replace(state, gpus=gpus, workers=tuple(workers.values()))

@@ -26,7 +26,8 @@ from runtime.sweep.points import Point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_DIRS = ("models", "planner", "runtime/sim")
-CODE_FILES = ("runtime/offline_plan.py", "runtime/traces.py", "runtime/sweep/runner.py")
+CODE_FILES = ("runtime/offline_plan.py", "runtime/traces.py", "runtime/sweep/runner.py", "runtime/executor.py", "runtime/router.py",
+              "runtime/timeline.py", "runtime/loans.py", "runtime/naming.py", "runtime/gc_pause.py")
 # What `pearl compare --json` reports per policy, plus the churn counters a sensitivity study needs.
 SUMMARY_KEYS = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns",
                "role_switches", "mode_switches", "starts", "stops", "lends", "preempted_instances", "decisions", "policy_failures")
