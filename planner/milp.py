@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from planner.inputs import KV_UNIT_TOKENS, PlanningInputs, RoleTable
-from planner.state import ROLES, ClusterState
+from planner.state import ROLES, ClusterState, TrainerPhase
 
 FAMILIES = ("availability", "borrow_window", "memory", "policy")
 
@@ -160,13 +160,13 @@ def _completion_floor(entries: tuple[tuple[tuple[int, int], ...], ...]) -> int:
     return min(cands) if cands else 0
 
 
-def borrow_window_closes_at(state: ClusterState, inputs: PlanningInputs) -> float:
+def borrow_window_closes_at(trainer: TrainerPhase, inputs: PlanningInputs) -> float:
     """The last moment a loan still pays its way back before the trainer needs its GPUs."""
-    return state.trainer.next_needs_gpus_at_s - inputs.costs.lend_s - inputs.costs.return_s
+    return trainer.next_needs_gpus_at_s - inputs.costs.lend_s - inputs.costs.return_s
 
 
 def borrow_window_open(state: ClusterState, inputs: PlanningInputs, now_s: float) -> bool:
-    return state.trainer.phase == "waiting" and now_s <= borrow_window_closes_at(state, inputs)
+    return state.trainer.phase == "waiting" and now_s <= borrow_window_closes_at(state.trainer, inputs)
 
 
 def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem:

@@ -9,22 +9,18 @@ back, so a plan that misjudges the trainer's timeline shows up here as lateness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class LoanLedger:
-    out: dict[str, float]  # GPU -> when its loan began
+    out: dict[str, float] = field(default_factory=dict)  # GPU -> when its loan began
     late_returns: int = 0  # GPUs still out when the trainer needed them
     train_delay_s: float = 0.0  # training steps waited for late GPUs, in total
-    delays: list[float] | None = None
+    delays: list[float] = field(default_factory=list)  # each delayed step's wait
     needed_at: float | None = None  # set while the trainer waits for GPUs to come back
     lends: int = 0
     returns: int = 0
-
-    @classmethod
-    def empty(cls) -> "LoanLedger":
-        return cls({}, delays=[])
 
     def lend(self, gpus: tuple[str, ...], now: float) -> None:
         for g in gpus:
@@ -40,7 +36,6 @@ class LoanLedger:
         if self.needed_at is not None and not self.out:
             delay = now - self.needed_at
             self.train_delay_s += delay
-            assert self.delays is not None
             self.delays.append(round(delay, 6))
             self.needed_at = None
             return True

@@ -16,8 +16,10 @@ from typing import Any
 
 from models.config import ExperimentSpec
 from models.training import training_step_s
+from planner.milp import borrow_window_closes_at
 
 RECENT_BATCHES = 4
+DUE_EPS_S = 1e-3  # the borrow window is open up to and including its closing instant
 
 
 @dataclass
@@ -41,6 +43,16 @@ class TrainerTimeline:
         if not waiting:
             return now
         return now + max(self.expected_batch_s(predicted_s) - max(elapsed_s, 0.0), 0.0)
+
+
+def return_due_at(trainer: Any, inputs: Any, now: float, loans_out: bool) -> float | None:
+    """When to decide again so that lent GPUs start back in time: just after the borrow window
+    closes (`trainer`: planner TrainerPhase). None while nothing is lent, the trainer is not
+    waiting, or the window has already closed (the decision just made saw it closed)."""
+    if not loans_out or trainer.phase != "waiting":
+        return None
+    at = borrow_window_closes_at(trainer, inputs) + DUE_EPS_S
+    return at if at > now else None
 
 
 def prior_batch_s(inputs: Any, rollout_gpus: int) -> float:

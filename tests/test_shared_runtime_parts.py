@@ -15,7 +15,7 @@ from runtime.timeline import RECENT_BATCHES, TrainerTimeline
 
 # ----------------------------------------------------------------------------- LoanLedger
 def test_on_time_returns_are_not_late_and_cost_no_delay() -> None:
-    led = LoanLedger.empty()
+    led = LoanLedger()
     led.lend(("t/0", "t/1"), 0.0)
     assert led.lent == ("t/0", "t/1")
     assert led.returned(("t/1", "t/0"), 5.0) is False  # nobody waits yet
@@ -25,14 +25,14 @@ def test_on_time_returns_are_not_late_and_cost_no_delay() -> None:
 
 
 def test_trainer_with_nothing_lent_starts_at_once() -> None:
-    led = LoanLedger.empty()
+    led = LoanLedger()
     assert led.trainer_needs(3.0) is True
     assert led.returned((), 4.0) is False
     assert (led.late_returns, led.train_delay_s, led.delays) == (0, 0.0, [])
 
 
 def test_late_returns_count_gpus_out_and_delay_runs_to_the_last_return() -> None:
-    led = LoanLedger.empty()
+    led = LoanLedger()
     led.lend(("t/0", "t/1", "t/2"), 0.0)
     assert led.returned(("t/0",), 5.0) is False
     assert led.trainer_needs(10.0) is False
@@ -55,7 +55,7 @@ def test_late_returns_count_gpus_out_and_delay_runs_to_the_last_return() -> None
 
 
 def test_lending_a_gpu_twice_and_returning_an_unknown_one_count_once() -> None:
-    led = LoanLedger.empty()
+    led = LoanLedger()
     led.lend(("t/0",), 1.0)
     led.lend(("t/0", "t/1"), 2.0)
     assert led.lends == 2 and led.out == {"t/0": 1.0, "t/1": 2.0}  # the loan began at the first lend

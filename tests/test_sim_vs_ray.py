@@ -69,4 +69,4 @@ def test_simulator_and_ray_runtime_decide_and_act_alike(tmp_path):
     assert log == ray, json.dumps({"sim": log, "ray": ray}, indent=1)  # the same decisions and plans
     # and the same actions actually executed, in total
     executed = sum(1 for rec in out["records"] if rec["record"] == "action")
-    assert executed == sum(len(x[3]) and sum(n for _, n in x[3]) for x in log)
+    assert executed == sum(n for x in log for _, n in x[3])

@@ -27,7 +27,6 @@ from typing import Any, Callable
 import numpy as np
 
 from models.config import ExperimentSpec
-from planner.milp import borrow_window_closes_at
 from planner.state import TrainerPhase, state_from_cluster_spec
 from runtime.executor import Executor
 from runtime.gc_pause import gc_deferred
@@ -41,9 +40,7 @@ from runtime.ray_runtime.scenarios import apply_load_change, elastic_loop
 from runtime.ray_runtime.slot_table import SlotRuntime, SlotTable
 from runtime.ray_runtime.telemetry import MetricsWriter
 from runtime.ray_runtime.trainer_loop import TrainerLoop
-from runtime.timeline import TrainerTimeline
-
-DUE_EPS_S = 1e-3  # the borrow window is open up to and including its closing instant
+from runtime.timeline import TrainerTimeline, return_due_at
 
 
 class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
@@ -65,7 +62,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.metrics = MetricsWriter(metrics_path or (REPO_ROOT / self.rt.metrics_path))
         self.kv_store = f"/tmp/pearl-kv-{uuid.uuid4().hex[:8]}"
         self.executor = Executor()
-        self.ledger = LoanLedger.empty()
+        self.ledger = LoanLedger()
         self.timeline = TrainerTimeline()
         self.rng = random.Random(spec.seed)  # router draws
         self.version = 0
@@ -121,13 +118,14 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
     # ------------------------------------------------------------------ decisions
     def cluster_state(self) -> Any:
         """The planner's view: slots, loans, the trainer's timeline, and what running plans will do."""
-        now = self.now()
+        return self.executor.committed(self.table.state(self.trainer_view(), self.version, self.unfinished, set(self.ledger.out)))
+
+    def trainer_view(self) -> TrainerPhase:
+        """The trainer as the planner sees it: waiting or not, and when it needs its GPUs."""
         waiting = self.trainer_phase == "waiting"
         started = self.batch_started.get(self.current_batch)
         elapsed = (time.monotonic() - started) * self.scale if started is not None else 0.0
-        needs_at = self.timeline.needs_gpus_at(now, waiting, elapsed, self.predicted_s)
-        trainer = TrainerPhase("waiting" if waiting else "training", needs_at)
-        return self.executor.committed(self.table.state(trainer, self.version, self.unfinished, set(self.ledger.out)))
+        return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now(), waiting, elapsed, self.predicted_s))
 
     async def decide(self, event: str, wait: bool = False, raise_errors: bool | None = None) -> None:
         """Ask the policy (off the event loop), log the decision, hand its plan to the executor
@@ -167,11 +165,11 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         if self._due is not None:
             self._due.cancel()
             self._due = None
-        if self.trainer_phase != "waiting" or not self.ledger.out:
+        now = self.now()
+        at = return_due_at(self.trainer_view(), self.inputs, now, bool(self.ledger.out))
+        if at is None:
             return
-        delay = (borrow_window_closes_at(self.cluster_state(), self.inputs) + DUE_EPS_S - self.now()) / self.scale
-        if delay <= 0:
-            return  # (a closed window was just seen by the decision that was made)
+        delay = (at - now) / self.scale
 
         async def due() -> None:
             await asyncio.sleep(delay)

@@ -73,13 +73,15 @@ class ClusterSide:
         for inst in self.instances.values():
             gids = tuple(gpu_name(self.nodes[inst.nid].name, s) for s in inst.slots)
             workers.append(Worker(worker_id(inst.lead), inst.role, gids, len(gids), inst.weights, inst.state == "draining"))  # type: ignore[arg-type]
-        waiting = self.phase == "waiting"
         b = self.batches[-1] if self.batches else None  # the batch in rollout
-        elapsed = self.now - b.launched_at if b is not None else 0.0
-        needs_at = self.timeline.needs_gpus_at(self.now, waiting, elapsed, self.predicted_s)
         unfinished = (b.size - b.done) / b.size if b is not None else 1.0
-        trainer = TrainerPhase("waiting" if waiting else "training", needs_at)
-        return self.executor.committed(ClusterState(tuple(gpus), tuple(workers), trainer, self.version, min(max(unfinished, 0.0), 1.0)))
+        return self.executor.committed(ClusterState(tuple(gpus), tuple(workers), self.trainer_view(), self.version, min(max(unfinished, 0.0), 1.0)))
+
+    def trainer_view(self) -> TrainerPhase:
+        """The trainer as the planner sees it: waiting or not, and when it needs its GPUs."""
+        waiting = self.phase == "waiting"
+        elapsed = self.now - self.batches[-1].launched_at if self.batches else 0.0
+        return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now, waiting, elapsed, self.predicted_s))
 
     # ------------------------------------------------------------------ instances
     def _instance_on(self, gid: str) -> Instance | None:

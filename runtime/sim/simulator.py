@@ -38,7 +38,6 @@ from models.builder import ExperimentModels, step_model
 from models.config import ConfigError
 from models.engine import EngineConfig
 from planner.inputs import planning_inputs
-from planner.milp import borrow_window_closes_at
 from runtime.executor import Executor
 from runtime.loans import LoanLedger
 from runtime.naming import gpu_name
@@ -48,9 +47,8 @@ from runtime.sim.metrics import SimResult
 from runtime.sim.rollout import (E_ACTION, E_DUE, E_ENGINE, E_ENV, E_FORCED_BACK, E_KV, E_PAUSE_END, E_SAMPLE, E_SYNC_DONE,
                                  E_TRACE, E_TRAIN_DONE, RolloutSide)
 from runtime.sim.workload import TrajectorySampler
-from runtime.timeline import TrainerTimeline, train_step_s
+from runtime.timeline import TrainerTimeline, return_due_at, train_step_s
 
-DUE_EPS_S = 1e-3  # the borrow window is open up to and including its closing instant
 
 
 class Simulator(RolloutSide, ClusterSide):
@@ -119,7 +117,7 @@ class Simulator(RolloutSide, ClusterSide):
         self.mode = "colocated"
         self.executor = Executor()
         self.acting: dict = {}  # (plan, action) -> (action, instance) for actions in progress
-        self.ledger = LoanLedger.empty()
+        self.ledger = LoanLedger()
         self.timeline = TrainerTimeline()
         self.predicted_s = getattr(policy, "predicted_s", math.nan)  # the policy's view until it decides
         self.due_token = 0
@@ -238,10 +236,8 @@ class Simulator(RolloutSide, ClusterSide):
 
     def _arm_return_due(self) -> None:
         """While GPUs are lent, decide again when the borrow window closes (the recall must start)."""
-        if self.phase != "waiting" or not self.ledger.out:
-            return
-        at = borrow_window_closes_at(self.cluster_state(), self.inputs) + DUE_EPS_S
-        if at > self.now:  # (a closed window was just seen by the decision that was made)
+        at = return_due_at(self.trainer_view(), self.inputs, self.now, bool(self.ledger.out))
+        if at is not None:
             self.due_token += 1
             self._push(at, E_DUE, self.due_token)
 
