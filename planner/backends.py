@@ -55,7 +55,6 @@ def linear_model(p: PlanningProblem) -> LinearModel:
     lm = LinearModel(const=p.constant_ms)
     tp = p.tp
     role_vars: list[list[tuple[int, int]]] = [[], [], []]  # (var, coef) for N_r
-    kv_terms: list[list[tuple[int, int]]] = [[], [], []]
     gpu_terms: list[tuple[int, int]] = []
     classes = p.tp_classes()
     for gi, g in enumerate(p.groups):
@@ -70,7 +69,6 @@ def linear_model(p: PlanningProblem) -> LinearModel:
             v = lm.var(f"x[{gi},{r}]", 0, ub)
             xs[r] = v
             role_vars[r].append((v, 1))
-            kv_terms[r].append((v, g.kv_units[r]))
             gpu_terms.append((v, tp[r]))
             cap_terms.append((v, tp[r]))
             if g.cur[r] == 0 and not any(g.cur):
@@ -127,10 +125,6 @@ def linear_model(p: PlanningProblem) -> LinearModel:
         # N_r >= sum k y_k ; T >= sum t_k y_k
         lm.row(role_vars[r] + [(y, -k) for y, k, _ in ys if k], 0, INF)
         lm.row([(T, 1)] + [(y, -t) for y, _, t in ys if t], 0, INF)
-    # memory: KV of the batch resident on the serving role
-    if p.kv_demand_units > 0:
-        lm.row(kv_terms[0] + [(m, p.kv_demand_units)], p.kv_demand_units, INF)  # kv_C >= dem (1 - m)
-        lm.row(kv_terms[2] + [(m, -p.kv_demand_units)], 0, INF)  # kv_D >= dem m
     if p.fixed_pd is not None:
         lm.row(role_vars[1], p.fixed_pd[0], p.fixed_pd[0])
         lm.row(role_vars[2], p.fixed_pd[1], p.fixed_pd[1])

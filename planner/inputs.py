@@ -17,7 +17,6 @@ from models import architecture as arch
 from models.builder import ExperimentModels
 from models.config import CostWeights, SolverSpec
 
-KV_UNIT_TOKENS = 1024  # memory constraint works in KiTokens (integer coefficients)
 MEMORY_UTILIZATION = 0.9
 
 
@@ -80,19 +79,19 @@ class ActionCosts:
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Weights + KV: which groups can host a role, and KV the batch must keep resident."""
+    """Weights + KV: which groups can host a role (KV pressure itself is priced by the predictor)."""
 
     weight_bytes: float
     kv_bytes_per_token: float
     gpu_memory_gib: dict[str, float]
-    kv_demand_tokens: float  # peak over turns of (active trajectories x context): prefix caching keeps it resident
+    max_seq_tokens: float  # one trajectory at the token budget: an engine must hold at least this (vLLM's start check)
 
     def kv_capacity_tokens(self, gpu_type: str, tp: int) -> float:
         free = self.gpu_memory_gib[gpu_type] * 2**30 * tp * MEMORY_UTILIZATION - self.weight_bytes
         return max(free, 0.0) / self.kv_bytes_per_token
 
-    def fits_weights(self, gpu_type: str, tp: int) -> bool:
-        return self.kv_capacity_tokens(gpu_type, tp) > 0
+    def fits(self, gpu_type: str, tp: int) -> bool:
+        return self.kv_capacity_tokens(gpu_type, tp) >= self.max_seq_tokens
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,6 @@ class PlanningInputs:
 
     def tp(self, role: str) -> int:
         return self.table(role).tp
-
-
-def kv_demand_tokens(models: ExperimentModels) -> float:
-    s = models.predictor.shape
-    ctx = s.prefix_tokens + s.new_tokens + s.response_tokens
-    return float(np.max(s.active * ctx))
 
 
 def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeights | None = None, solver: SolverSpec | None = None) -> PlanningInputs:
@@ -154,7 +147,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
         weight_bytes=arch.weight_bytes(spec.model),
         kv_bytes_per_token=float(arch.kv_bytes_per_token(spec.model)),
         gpu_memory_gib={name: g.memory_gib for name, g in spec.hardware.gpus.items()},
-        kv_demand_tokens=kv_demand_tokens(models),
+        max_seq_tokens=float(spec.workload.max_trajectory_tokens),
     )
     sv = solver or spec.solver
     settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed)

@@ -17,8 +17,9 @@ Constraints (families, named when infeasible):
   availability    sum_r tp_r x[g,r] <= cap[g]   (preempted / noticed GPUs have cap 0)
   borrow_window   training groups have cap 0 unless the trainer waits and lend + return fit
                   before it needs its GPUs (decided from data; see build_problem)
-  memory          role r only where weights fit; sum_g kv[g,r] x[g,r] >= KV demand for the
-                  serving role (colocated or decode)
+  memory          role r only where its weights and one max-length sequence fit (what vLLM
+                  checks at start). KV pressure is a rate, not a wall: it is priced in the
+                  predictor's tables (fewer resident trajectories, evicted prefixes prefilled again)
   mode            y[C,0] = m, y[P,0] = y[D,0] = 1 - m; N_r >= sum_k k y[r,k]; N_C <= M(1-m) ...
   policy          fixed mode / fixed P:D counts / allowed pools (baselines, ablations)
 Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.inputs import KV_UNIT_TOKENS, PlanningInputs, RoleTable
+from planner.inputs import PlanningInputs, RoleTable
 from planner.state import ROLES, ClusterState, TrainerPhase
 
 FAMILIES = ("availability", "borrow_window", "memory", "policy")
@@ -70,7 +71,6 @@ class GroupData:
     cap: int
     cur: tuple[int, int, int]  # colocated, prefill, decode (per node)
     allowed: tuple[bool, bool, bool]  # weights fit on this group's GPUs
-    kv_units: tuple[int, int, int]  # KV capacity per instance, in KV_UNIT_TOKENS
     start_ms: tuple[int, int, int]
     stop_ms: tuple[int, int, int]
     switch_ms: tuple[int, int, int]  # cost of switching INTO role r (drain + restart)
@@ -98,7 +98,6 @@ class PlanningProblem:
     modes: tuple[str, ...]
     fixed_pd: tuple[int, int] | None
     max_gpus: int | None
-    kv_demand_units: int
     constant_ms: int  # unavoidable stops (lost / mis-sized / recalled workers)
     usable_gpus: int
     cost_gpus: int = 1  # the denominator of every transition price (dedicated usable GPUs)
@@ -218,25 +217,23 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
         classes.setdefault(key, []).append(grp.node)
     groups = []
     for (pool, typ, cap, cu, _), nodes in classes.items():
-        allowed = tuple(inputs.memory.fits_weights(typ, t) or "memory" in relax for t in tp)
-        kv = tuple(int(inputs.memory.kv_capacity_tokens(typ, t) // KV_UNIT_TOKENS) for t in tp)
+        allowed = tuple(inputs.memory.fits(typ, t) or "memory" in relax for t in tp)
         start = tuple(_ms(w * c.start_s[pool] * t / denom) for t in tp)
         stop = tuple(_ms(w * c.stop_s * t / denom) for t in tp)
         switch = tuple(_ms(w * c.switch_s * t / denom) for t in tp)
-        groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, kv, start, stop, switch))  # type: ignore[arg-type]
-    probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, 0, usable)
+        groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, start, stop, switch))  # type: ignore[arg-type]
+    probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, usable)
     entries = tuple(prune_table(inputs.table(r), probe.max_instances(i)) for i, r in enumerate(ROLES))
     entries = (entries[0], *_prune_against_partner(entries[1], entries[2]))
     # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
     # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions
     floor = _completion_floor(entries)
     entries = tuple(((0, floor),) + e[1:] for e in entries)
-    demand = 0 if "memory" in relax else int(math.ceil(inputs.memory.kv_demand_tokens / KV_UNIT_TOKENS))
     modes = options.modes if "policy" not in relax else ("colocated", "disaggregated")
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     closed = any(g.pool == "training" and g.usable for g in state.groups()) and options.allow_borrow and not lendable
-    problem = PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, demand, constant, usable, denom, relax, closed)
+    problem = PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, constant, usable, denom, relax, closed)
     return bound_prune(problem)
 
 
@@ -350,10 +347,6 @@ def feasible(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...]) -> b
             return False
     tot = tuple(sum(v[r] for v in x) for r in range(3))
     if completion_ms(problem, tot) is None:  # type: ignore[arg-type]
-        return False
-    serving = 0 if tot[0] > 0 else 2
-    kv = sum(g.kv_units[serving] * v[serving] for g, v in zip(problem.groups, x))
-    if kv < problem.kv_demand_units:
         return False
     if problem.fixed_pd is not None and (tot[1], tot[2]) != problem.fixed_pd:
         return False

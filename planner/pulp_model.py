@@ -25,7 +25,7 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
     prob = pulp.LpProblem("pearl", pulp.LpMinimize)
     tp = p.tp
     R = range(3)
-    X, N, KV, G = {}, {r: [] for r in R}, {r: [] for r in R}, []
+    X, N, G = {}, {r: [] for r in R}, []
     cost_terms = []
     for gi, g in enumerate(p.groups):
         used = []
@@ -33,7 +33,6 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
             ub = g.ub(r, tp[r])
             X[gi, r] = prob.add_variable(f"x_{gi}_{r}", 0, ub, cat="Integer")
             N[r].append(X[gi, r])
-            KV[r].append(g.kv_units[r] * X[gi, r])
             G.append(tp[r] * X[gi, r])
             used.append(tp[r] * X[gi, r])
         prob += pulp.lpSum(used) <= g.total_cap, f"cap_{gi}"
@@ -66,9 +65,6 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
         prob += pulp.lpSum(N[r]) >= pulp.lpSum(k * v for k, v in sel.items()), f"count_{r}"
         t_of = dict(p.entries[r])
         prob += T >= pulp.lpSum(t_of[k] * v for k, v in sel.items()), f"time_{r}"
-    if p.kv_demand_units:
-        prob += pulp.lpSum(KV[0]) >= p.kv_demand_units * (1 - dis), "kv_colocated"
-        prob += pulp.lpSum(KV[2]) >= p.kv_demand_units * dis, "kv_decode"
     if p.fixed_pd is not None:
         prob += pulp.lpSum(N[1]) == p.fixed_pd[0], "fixed_p"
         prob += pulp.lpSum(N[2]) == p.fixed_pd[1], "fixed_d"

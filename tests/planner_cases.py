@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from models.config import CostWeights
-from planner.inputs import KV_UNIT_TOKENS, MEMORY_UTILIZATION, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
+from planner.inputs import MEMORY_UTILIZATION, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.state import GPU, ROLES, ClusterState, TrainerPhase, Worker
 
 GIB = 2**30
@@ -30,8 +30,8 @@ def random_inputs(rng: random.Random, tps: tuple[int, int, int], max_gpus: int =
     start = {"rollout": rng.uniform(5, 30), "elastic": rng.uniform(5, 60), "training": rng.uniform(5, 20)}
     costs = ActionCosts(start, rng.uniform(1, 10), rng.uniform(3, 40), rng.uniform(2, 8), rng.uniform(1, 5), start["rollout"], 4.0)
     weights_gb = rng.choice([16.0, 16.0, 60.0, 120.0])
-    demand = rng.choice([0.0, 1e5, 3e5])
-    memory = MemoryModel(weights_gb * 1e9, 147456.0, {"H800": mem_gib, "A100": 40.0}, demand)
+    max_seq = rng.choice([0.0, 32768.0, 3e5])  # 3e5 tokens (44 GB of KV) fit on 80 GB only beside small weights
+    memory = MemoryModel(weights_gb * 1e9, 147456.0, {"H800": mem_gib, "A100": 40.0}, max_seq)
     w = CostWeights(transition_weight=rng.choice([0.0, 1.0, 5.0]), horizon_batches=rng.choice([1.0, 2.0]))
     return PlanningInputs(tabs[0], tabs[1], tabs[2], costs, memory, w, SolverSettings("cpsat", 10.0, 8, 0), 64)
 
@@ -181,19 +181,17 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
         return min(vals) if vals else None
 
     mem = inputs.memory
-    demand = int(math.ceil(mem.kv_demand_tokens / KV_UNIT_TOKENS))
-    choices = []  # per node: (x, transition ms, GPUs used, KV units of colocated, of decode)
+    choices = []  # per node: (x, transition ms, GPUs used)
     for k in keys:
         gib = mem.gpu_memory_gib[k[2]]
         # KV room of one instance: its GPUs' memory at the utilization cap minus the weights
         kv_tokens = [max(gib * 2**30 * t * MEMORY_UTILIZATION - mem.weight_bytes, 0.0) / mem.kv_bytes_per_token for t in tp]
-        fits = [v > 0 for v in kv_tokens]
-        kv = [int(v // KV_UNIT_TOKENS) for v in kv_tokens]
+        fits = [v >= mem.max_seq_tokens for v in kv_tokens]
         opts = []
         for x in itertools.product(*[range((caps[k] // tp[r] if fits[r] else 0) + 1) for r in range(3)]):
             used = sum(tp[r] * x[r] for r in range(3))
             if used <= caps[k]:
-                opts.append((x, node_cost(k, x), used, kv[0] * x[0], kv[2] * x[2]))
+                opts.append((x, node_cost(k, x), used))
         choices.append(opts)
     best = None
     for combo in itertools.product(*choices):
@@ -204,14 +202,12 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
             continue
         if tot[0] > 0 and tot[1] == 0 and tot[2] == 0 and "colocated" in modes:
             t = envelope(0, tot[0])
-            kv_serving = sum(o[3] for o in combo)
         elif tot[0] == 0 and tot[1] > 0 and tot[2] > 0 and "disaggregated" in modes:
             a, b = envelope(1, tot[1]), envelope(2, tot[2])
             t = None if a is None or b is None else max(a, b)
-            kv_serving = sum(o[4] for o in combo)
         else:
             continue
-        if t is None or kv_serving < demand:
+        if t is None:
             continue
         obj = t + sum(o[1] for o in combo) + constant
         best = obj if best is None else min(best, obj)
