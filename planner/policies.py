@@ -2,7 +2,7 @@
 
 INTERFACE (stable; the simulator and the Ray runtime build on it)
     policy = get_policy(name)                     # "pearl", "pearl-no-borrow", "pearl-fixed-pd",
-                                                  # "pearl-no-gate", "roll", "rlboost+"
+                                                  # "pearl-no-gate", "roll", "rlboost+", "rlboost+pd"
     inputs = planning_inputs(models, max_gpus)    # planner.inputs: tables + costs, once per refit
     step   = policy.decide(state, inputs, now_s, event="availability")
     step.decision : planner.decision.Decision     # mode, ratio, per-node targets, proof, applied?
@@ -209,8 +209,11 @@ POLICIES: dict[str, PearlPolicy] = {
     "pearl-no-gate": PearlPolicy("pearl-no-gate", gate=False),
     # ROLL: the reserved rollout GPUs only, colocated, nothing elastic, no borrowing
     "roll": PearlPolicy("roll", borrow=False, gate=False, elastic=False, pools=("rollout",), modes=("colocated",)),
-    # RLBoost+: harvests elastic GPUs at once, fixed (best static) P:D, no borrowing
-    "rlboost+": PearlPolicy("rlboost+", borrow=False, gate=False, fixed_pd=True),
+    # RLBoost+ as the paper defines it: PD-colocated engines scaled by data parallelism over the
+    # reserved and preemptible GPUs (it harvests elastic GPUs at once), no borrowing
+    "rlboost+": PearlPolicy("rlboost+", borrow=False, gate=False, modes=("colocated",)),
+    # our stronger variant: the same GPUs, disaggregated at the best static P:D split
+    "rlboost+pd": PearlPolicy("rlboost+pd", borrow=False, gate=False, fixed_pd=True),
 }
 
 

@@ -110,10 +110,12 @@ def test_baselines() -> None:
     roll = get_policy("roll").decide(state, inp, 0.0).decision
     assert roll.mode == "colocated" and roll.colocated == 2 and roll.lent_gpus == 0  # the 4 reserved GPUs only
     rlb = get_policy("rlboost+").decide(state, inp, 0.0).decision
-    assert rlb.mode == "disaggregated" and rlb.instances == 6 and rlb.lent_gpus == 0  # harvests elastic, no borrowing
+    assert rlb.mode == "colocated" and rlb.colocated == 6 and rlb.lent_gpus == 0  # DP over reserved + elastic, no borrowing
+    rpd = get_policy("rlboost+pd").decide(state, inp, 0.0).decision
+    assert rpd.mode == "disaggregated" and rpd.instances == 6 and rpd.lent_gpus == 0  # the same GPUs, static P:D
     pearl = get_policy("pearl").decide(state, inp, 0.0).decision
     assert pearl.lent_gpus == 8 and pearl.predicted_completion_s < rlb.predicted_completion_s
-    assert set(POLICIES) == {"pearl", "pearl-no-borrow", "pearl-fixed-pd", "pearl-no-gate", "roll", "rlboost+"}
+    assert set(POLICIES) == {"pearl", "pearl-no-borrow", "pearl-fixed-pd", "pearl-no-gate", "roll", "rlboost+", "rlboost+pd"}
 
 
 def test_time_limit_without_a_solution_keeps_the_current_configuration() -> None:

@@ -40,7 +40,7 @@ from runtime.cli import app, user_errors
 @user_errors
 def plan(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/experiments/*.yaml)"),
-    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl, pearl-no-borrow, pearl-fixed-pd, pearl-no-gate, roll, rlboost+"),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl, pearl-no-borrow, pearl-fixed-pd, pearl-no-gate, roll, rlboost+, rlboost+pd"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="trace file (default: the config's trace.path)"),
     trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="window start in trace hours"),
     hours: Optional[float] = typer.Option(None, "--hours", min=0.0, help="window length in trace hours"),

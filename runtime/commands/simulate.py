@@ -28,7 +28,7 @@ def trace_progress(hours: float, label: str):
 @user_errors
 def simulate(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
-    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | fixed:<mode>:<c>:<p>:<d>[:<borrow>]"),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | rlboost+pd | fixed:<mode>:<c>:<p>:<d>[:<borrow>]"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
     trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="start this many hours into the trace"),
     hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours (default: the config's trace hours, else 2)"),

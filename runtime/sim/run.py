@@ -12,7 +12,7 @@ from runtime.sim.layout import FixedLayout, Layout, SimPolicy
 from runtime.sim.metrics import SimResult
 from runtime.sim.simulator import Simulator
 
-POLICIES = ("pearl", "pearl-no-borrow", "pearl-fixed-pd", "pearl-no-gate", "roll", "rlboost+")
+POLICIES = ("pearl", "pearl-no-borrow", "pearl-fixed-pd", "pearl-no-gate", "roll", "rlboost+", "rlboost+pd")
 
 
 @dataclass(frozen=True)
