@@ -49,9 +49,7 @@ def sweep(spec: ExperimentSpec, trajectories_per_item: int = 1, env_scale: float
         col = m.predictor.colocated(n_col)
         dis = m.predictor.best_disaggregated(n_dis)
         winner = "colocated" if col.completion_s <= dis.completion_s else "disaggregated"
-        share, rate = m.predictor.colocated_engine_use(n_col)
-        s = m.predictor.shape
-        prefill_tokens = float((s.active * s.new_tokens).sum())
+        use = m.predictor.colocated_engine_use(n_col)
         rows.append({
             "batch_size": b,
             "trajectories": b * trajectories_per_item,
@@ -63,9 +61,9 @@ def sweep(spec: ExperimentSpec, trajectories_per_item: int = 1, env_scale: float
             "prefill_path_s": round(dis.prefill_path_s, 2),
             "decode_path_s": round(dis.decode_path_s, 2),
             "colocated_decode_concurrency": round(col.mean_concurrency, 2),
-            "colocated_prefill_share_of_engine_time_pct": round(share * 100.0, 2),
-            "colocated_decode_tok_s_per_gpu": round(rate / m.tp_colocated, 1),
-            "prefill_share_of_tokens_pct": round(prefill_tokens / (prefill_tokens + s.generated_tokens()) * 100.0, 2),
+            "colocated_prefill_share_of_engine_time_pct": round(use.prefill_time_share * 100.0, 2),
+            "colocated_decode_tok_s_per_gpu": round(use.decode_tok_s / m.tp_colocated, 1),
+            "prefill_share_of_tokens_pct": round(use.prefill_token_share * 100.0, 2),
         })
     return rows
 

@@ -12,7 +12,11 @@ What it models (vLLM v1 semantics):
   along with the running decodes (mixed step, prefill coefficients), else a decode-only
   step over all running sequences;
 - admission is limited by KV capacity (a request reserves its whole context plus its
-  decode tokens) and by a sequence cap.
+  decode tokens) and by a sequence cap; requests that do not fit wait;
+- the prefix cache lives in the KV the running requests leave free: a finished request's
+  context stays cached until admissions need the room (least recently used first), so
+  under memory pressure a trajectory back from its tool finds its prefix evicted and
+  prefills it again. KV pressure is a rate (slower turns), never a refusal.
 
 Why it is fast: between request events (an arrival or a sequence finishing) the decode
 batch is constant, and the decode-only step time is affine in the batch's summed context
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -131,6 +136,52 @@ class Request:
     prefix_tokens: int
     decode_tokens: int
     width: int = 1  # identical sequences this request stands for (a cohort); token counts are per sequence
+    cache_key: Hashable | None = None  # set: the prefix counts only as far as this engine still caches it under the key
+
+
+@dataclass
+class PrefixCache:
+    """Contexts kept after their requests finished, least recently used first out.
+
+    Entries are (tokens per sequence, width); the engine bounds the total by the KV its
+    running requests leave free. One policy at two grains: the simulator keys a whole
+    trajectory's context, the emulated engine keys blocks of token ids.
+    """
+
+    entries: OrderedDict = field(default_factory=OrderedDict)
+    tokens: float = 0.0
+    evicted_tokens: float = 0.0
+
+    def put(self, key: Hashable, tokens: float, width: int = 1) -> None:
+        self.take(key)
+        self.entries[key] = (tokens, width)
+        self.tokens += tokens * width
+
+    def peek(self, key: Hashable) -> float:
+        hit = self.entries.get(key)
+        return hit[0] if hit is not None else 0.0
+
+    def touch(self, key: Hashable) -> bool:
+        if key not in self.entries:
+            return False
+        self.entries.move_to_end(key)
+        return True
+
+    def take(self, key: Hashable) -> float:
+        """Claim an entry (its request is back: its tokens move into that request's reservation)."""
+        hit = self.entries.pop(key, None)
+        if hit is None:
+            return 0.0
+        self.tokens -= hit[0] * hit[1]
+        return hit[0]
+
+    def shrink(self, limit: float) -> None:
+        while self.entries and self.tokens > limit + 1e-9:
+            _, (tok, width) = self.entries.popitem(last=False)
+            self.tokens -= tok * width
+            self.evicted_tokens += tok * width
+        if not self.entries:
+            self.tokens = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +218,7 @@ class _Seq:
     pre: int  # tokens generated before joining the decode batch
     reserve: float
     width: int = 1
+    key: Hashable | None = None
 
 
 @dataclass
@@ -175,6 +227,8 @@ class EngineStats:
     steps: int = 0
     prefill_tokens: float = 0.0
     decode_tokens: float = 0.0
+    cache_hit_tokens: float = 0.0  # prefix tokens requests asked for that the cache still held
+    cache_miss_tokens: float = 0.0  # ... that it had evicted (prefilled again)
 
 
 @dataclass
@@ -185,6 +239,7 @@ class Engine:
     t: float = 0.0  # time up to which the state is materialized (a step boundary while busy)
     cost: StepCost = field(init=False)
     stats: EngineStats = field(default_factory=EngineStats)
+    cache: PrefixCache = field(default_factory=PrefixCache)
     _waiting: deque = field(default_factory=deque)
     _seqs: dict = field(default_factory=dict)
     _finish: list = field(default_factory=list)  # heap of (finish_step, rid)
@@ -231,6 +286,7 @@ class Engine:
     def submit(self, req: Request, now: float) -> None:
         """A request arrives at `now`; it is scheduled from the next step boundary."""
         self._sync(now, ceil=True)
+        req = self._apply_cache(req)
         self._waiting.append(_Waiting(req))
         if self._kind == "mixed" and now <= self._seg_t0:
             self._kind = "idle"  # the step has not started yet: it takes this request too
@@ -276,7 +332,28 @@ class Engine:
         self.t = max(self.t, now)
         return out
 
+    def free_kv_tokens(self) -> float:
+        """KV no running or admitted request reserves: the room the prefix cache may use."""
+        return max(self.cfg.kv_capacity_tokens - self._kv, 0.0)
+
     # ------------------------------------------------------------------ internals
+    def _apply_cache(self, req: Request) -> Request:
+        """The prefix counts as far as this engine still caches it; the rest is prefilled again."""
+        if req.cache_key is None or req.prefix_tokens <= 0:
+            return req
+        held = min(self.cache.take(req.cache_key), float(req.prefix_tokens))
+        miss = req.prefix_tokens - int(held)
+        self.stats.cache_hit_tokens += int(held) * req.width
+        self.stats.cache_miss_tokens += miss * req.width
+        if miss <= 0:
+            return req
+        return Request(req.rid, req.prefill_tokens + miss, int(held), req.decode_tokens, req.width, req.cache_key)
+
+    def _keep(self, key: Hashable | None, tokens: float, width: int) -> None:
+        if key is not None:
+            self.cache.put(key, tokens, width)
+            self.cache.shrink(self.free_kv_tokens())
+
     def _sync(self, now: float, ceil: bool) -> None:
         """Materialize a decode segment up to the step boundary at/after (ceil) or before `now`.
 
@@ -332,6 +409,7 @@ class Engine:
             self._C -= s.width * (s.ctx0 + (self._steps - s.start_step))
             self._c -= s.width
             self._kv -= s.reserve
+            self._keep(s.key, s.ctx0 + s.total - s.pre, s.width)
             out.append(Output(rid, self.t, "decoded", s.total))
         if not self._seqs:
             self._C = 0.0
@@ -357,6 +435,7 @@ class Engine:
                 break
             w.admitted = True
             self._kv += res
+            self.cache.shrink(self.free_kv_tokens())
             if self.cfg.role == "decode":
                 continue
             self._admitted_prefill += 1
@@ -365,11 +444,11 @@ class Engine:
             while self._waiting and self._waiting[0].admitted:
                 w = self._waiting.popleft()
                 r = w.req
-                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r), r.width)
+                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r), r.width, r.cache_key)
 
-    def _join(self, rid: int, ctx: float, total: int, pre: int, reserve: float, width: int = 1) -> None:
+    def _join(self, rid: int, ctx: float, total: int, pre: int, reserve: float, width: int = 1, key: Hashable | None = None) -> None:
         left = total - pre
-        self._seqs[rid] = _Seq(rid, self._steps, ctx, total, pre, reserve, width)
+        self._seqs[rid] = _Seq(rid, self._steps, ctx, total, pre, reserve, width, key)
         self._C += width * ctx
         self._c += width
         heapq.heappush(self._finish, (self._steps + max(left, 0), rid))
@@ -426,13 +505,15 @@ class Engine:
             self._adm_seqs -= r.width
             if self.cfg.role == "prefill":
                 self._kv -= self._reserve_of(r)
+                self._keep(r.cache_key, r.prefix_tokens + r.prefill_tokens, r.width)
                 out.append(Output(r.rid, self.t, "prefilled", 0))
             elif r.decode_tokens <= 1:
                 self._kv -= self._reserve_of(r)
+                self._keep(r.cache_key, r.prefix_tokens + r.prefill_tokens + r.decode_tokens, r.width)
                 out.append(Output(r.rid, self.t, "decoded", r.decode_tokens))
             else:
                 # the prefill step sampled the first token; decoding continues from the next step
-                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens + 1), r.decode_tokens, 1, self._reserve_of(r), r.width)
+                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens + 1), r.decode_tokens, 1, self._reserve_of(r), r.width, r.cache_key)
         self._mixed = []
 
 

@@ -18,6 +18,13 @@ with m trajectories per instance, tau(c) the decode step time at concurrency c,
 phi = P / T the share of engine time spent prefilling (0 on decode-only instances; in
 colocation prefills stall decodes: work-conserving), busy = P + m r tau(c) / c the
 engine's work per turn. Concurrency is capped by the KV cache that fits in memory.
+
+KV memory is a rate, not a wall. An instance keeps the contexts of the trajectories it
+serves cached between their turns only as far as its KV room allows: with m trajectories
+of context K_k at turn k and room H tokens, the share f = min(1, H / (m K_k)) is still
+cached when a trajectory returns from its tool, and the rest of its prefix is prefilled
+again (the engine model evicts least recently used contexts the same way). Fewer GPUs thus
+mean more prefill, not an infeasible batch.
 For a given c, T has a closed form (a quadratic in T); c itself is iterated down from
 min(m, cap) to the largest fixed point, the one continuous batching settles at.
 
@@ -49,14 +56,18 @@ class BatchShape:
 
     batch: int
     active: np.ndarray  # (K,) trajectories still running at turn k (>= 1: the slowest one)
-    new_tokens: np.ndarray  # (K,) tokens prefilled at turn k (turn 0: the initial prompt)
-    prefix_tokens: np.ndarray  # (K,) cached context before turn k
+    new_tokens: np.ndarray  # (K,) tokens prefilled at turn k (turn 0: the initial prompt), memory permitting
+    prefix_tokens: np.ndarray  # (K,) cached context before turn k, memory permitting
     response_tokens: float
     env_s: float
 
     @property
     def turns(self) -> int:
         return int(self.active.shape[0])
+
+    def context_tokens(self) -> np.ndarray:
+        """(K,) KV a trajectory holds at the end of turn k: what its engine must keep to cache it."""
+        return self.prefix_tokens + self.new_tokens + self.response_tokens
 
     def generated_tokens(self) -> float:
         return float(self.active.sum() * self.response_tokens)
@@ -116,6 +127,16 @@ def best_split(prefill_s: np.ndarray, decode_s: np.ndarray) -> int:
 
 
 @dataclass(frozen=True)
+class EngineUse:
+    """Colocated engines' split of work, as an engine trace reports it (the paper's Fig. 2b)."""
+
+    prefill_time_share: float  # of busy time
+    prefill_token_share: float  # of processed (prefilled + decoded) tokens
+    decode_tok_s: float  # per instance, between prefills
+    cache_hit_share: float  # of the prefix the workload asks for, what memory pressure leaves cached
+
+
+@dataclass(frozen=True)
 class Prediction:
     completion_s: float
     mode: str  # "colocated" | "disaggregated"
@@ -140,6 +161,14 @@ class RolloutPredictor:
     decode_engine: StepLatencyModel
     kv_link_gb_s: float
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    # -- memory pressure: the share of each prefix an instance still caches
+    def _pressured(self, engine: StepLatencyModel, m: np.ndarray, new: np.ndarray, prefix: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(new, prefix) tokens per turn when m trajectories per instance, each holding `held`
+        tokens of KV, share the instance's KV room: the evicted share of the prefix is prefilled again."""
+        room = engine.kv_capacity_tokens()
+        f = np.clip(room / np.maximum(m * held, 1e-9), 0.0, 1.0)
+        return new + (1.0 - f) * prefix, f * prefix
 
     # -- per-turn constants (independent of instance counts), computed once
     def _decode_affine(self, engine: StepLatencyModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -225,35 +254,50 @@ class RolloutPredictor:
         s = self.shape
         n = np.asarray(n, dtype=float)[:, None]
         m = np.maximum(s.active[None, :] / n, 1.0)
-        p_busy = eng.prefill_time(m * s.new_tokens, m, m * s.prefix_tokens)
-        fixed = s.env_s + self._single_prefill(eng)[None, :]
+        new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
+        p_busy = eng.prefill_time(m * new, m, m * prefix)
+        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix)
         t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
         return t.sum(axis=1), c.mean(axis=1)
 
-    def colocated_engine_use(self, n: int) -> tuple[float, float]:
-        """(share of engine busy time spent on prefill, decode tokens/s per instance between prefills).
-
-        Diagnostics comparable to what an engine trace reports; not used for decisions.
-        """
+    def colocated_engine_use(self, n: int) -> EngineUse:
+        """What an engine trace of n colocated instances would report (diagnostics, not decisions)."""
         eng = self.colocated_engine
         s = self.shape
         nn = np.array([float(n)])[:, None]
         m = np.maximum(s.active[None, :] / nn, 1.0)
-        p_busy = eng.prefill_time(m * s.new_tokens, m, m * s.prefix_tokens)
-        fixed = s.env_s + self._single_prefill(eng)[None, :]
+        new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
+        p_busy = eng.prefill_time(m * new, m, m * prefix)
+        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix)
         _, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
         decode_busy = m * s.response_tokens * self._tau(eng, np.maximum(c, 1.0)) / np.maximum(c, 1.0)
-        share = float(p_busy.sum() / (p_busy.sum() + decode_busy.sum()))
-        rate = float((m * s.response_tokens).sum() / decode_busy.sum())
-        return share, rate
+        prefilled = float((m * new).sum())
+        decoded = float((m * s.response_tokens).sum())
+        return EngineUse(
+            prefill_time_share=float(p_busy.sum() / (p_busy.sum() + decode_busy.sum())),
+            prefill_token_share=prefilled / (prefilled + decoded),
+            decode_tok_s=float(decoded / decode_busy.sum()),
+            cache_hit_share=float((m * prefix).sum() / max((m * s.prefix_tokens).sum(), 1e-9)),
+        )
+
+    def mean_trajectory_s(self) -> float:
+        """Mean duration of the batch's trajectories each alone on an instance (no contention):
+        the paper's "idealized, one trajectory per worker" rollout time."""
+        eng = self.colocated_engine
+        s = self.shape
+        one = np.ones(1)
+        turn = s.env_s + eng.prefill_time(s.new_tokens, 1.0, s.prefix_tokens) + s.response_tokens * self._tau(eng, one)
+        return float((s.active * turn).sum() / s.batch)
 
     def decode_path_many(self, n_d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         eng = self.decode_engine
         s = self.shape
         n = np.asarray(n_d, dtype=float)[:, None]
         m = np.maximum(s.active[None, :] / n, 1.0)
-        new_p, _ = s.prefill_engine_tokens()
-        fixed = s.env_s + self._single_prefill(self.prefill_engine, disaggregated=True)[None, :] + self._kv_send_s(new_p, self.prefill_engine)[None, :]
+        new_p, prefix_p = s.prefill_engine_tokens()
+        # a context the decode instance evicted crosses the link again with the new tokens
+        sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
+        fixed = s.env_s + self._single_prefill(self.prefill_engine, disaggregated=True)[None, :] + self._kv_send_s(sent, self.prefill_engine)
         t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
         return t.sum(axis=1), c.mean(axis=1)
 
@@ -263,8 +307,9 @@ class RolloutPredictor:
         n = np.asarray(n_p, dtype=float)[:, None]
         m = s.active[None, :] / n
         new_p, prefix_p = s.prefill_engine_tokens()
+        new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), new_p, prefix_p, new_p + prefix_p)
         busy = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)
-        send = self._kv_send_s(m * new_p, eng)
+        send = self._kv_send_s(m * s.prefill_engine_tokens()[0], eng)
         last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
         return (busy + send).sum(axis=1) + last
 

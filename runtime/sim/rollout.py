@@ -87,14 +87,15 @@ class RolloutSide:
 
     def _request(self, tr: Traj, inst, decode: bool) -> Request:
         """On the trajectory's home engine, the workload's `prefix_cache_hit` share of the
-        earlier context it holds is a cache hit and the rest is prefilled again (as the
-        predictor assumes); elsewhere the whole context is prefilled."""
+        earlier context is asked for as a cached prefix, and the engine grants it as far as
+        its prefix cache still holds it (evicted under memory pressure: prefilled again);
+        elsewhere the whole context is prefilled."""
         k = tr.turn
         new = tr.plan.new_tokens[k] + tr.g if decode else self._pd_new(tr)
         fresh = tr.plan.new_tokens[k] + tr.g
         cached = tr.home is not None and tr.home == (inst.iid, inst.gen)
         prefix = int(self.hit * (tr.ctx + fresh - new)) if cached else 0
-        return Request(tr.tid, tr.ctx + fresh - prefix, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width)
+        return Request(tr.tid, tr.ctx + fresh - prefix, prefix, max(tr.plan.response_tokens[k] - tr.g, 1) if decode else 0, tr.width, tr.tid)
 
     def _dispatch(self, tr: Traj) -> None:
         path = None if self.now < self.paused_until else self._path(tr)
@@ -118,10 +119,15 @@ class RolloutSide:
             self._dispatch(tr)
             return
         k = tr.turn
-        same = tr.dhome is not None and tr.dhome == (d.iid, d.gen)
+        same = self._decode_holds(tr, d)
         tokens = self._pd_new(tr) if same else tr.ctx + tr.plan.new_tokens[k] + tr.g
         tr.where, tr.inst = "kv", d.iid
         self._push(self.now + tr.width * tokens * self.kv_bytes / self.link_bps, E_KV, tr.tid, d.gen * 1_000_000 + d.iid)
+
+    @staticmethod
+    def _decode_holds(tr: Traj, d) -> bool:
+        """Does decode instance d still cache this trajectory's earlier context (only the new KV need cross)?"""
+        return tr.dhome is not None and tr.dhome == (d.iid, d.gen) and d.engine.cache.peek(tr.tid) >= tr.ctx
 
     def _kv_arrived(self, tr: Traj, key: int) -> None:
         iid, gen = key % 1_000_000, key // 1_000_000
@@ -132,9 +138,11 @@ class RolloutSide:
             return
         k = tr.turn
         new = tr.plan.new_tokens[k] + tr.g
+        # the earlier context is either still cached here or arrived with this transfer
+        held = tr.ctx if self._decode_holds(tr, d) else 0
         tr.dhome = (d.iid, d.gen)
         tr.where = "engine"
-        d.engine.submit(Request(tr.tid, new, tr.ctx, max(tr.plan.response_tokens[k] - tr.g, 1), tr.width), self.now)
+        d.engine.submit(Request(tr.tid, new + tr.ctx - held, held, max(tr.plan.response_tokens[k] - tr.g, 1), tr.width, tr.tid), self.now)
         self._touch(d)
 
     def _turn_done(self, tr: Traj) -> None:
