@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from runtime.cli import app, user_errors
 
+if TYPE_CHECKING:
+    from runtime.sim.metrics import SimResult
+
 # late_returns / train_delay_s are measured by the loan ledger (runtime/loans.py): lent GPUs
 # still out when the trainer needed them, and how long its steps waited for them
-CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns", "train_delay_s")
+CONTRACT = ("steps_per_h", "trajectories_per_h", "tokens_per_s", "rollout_share", "switches", "lost_trajectories", "late_returns", "train_delay_s",
+            "decisions", "policy_failures", "failure")  # failure: the first failed decision's reason (null: none)
 
 
 def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) -> None:
@@ -77,7 +81,7 @@ def compare(
     """Run every policy on the same trace and seed; print a table (and a plot)."""
     from models.builder import build_models
     from models.config import ConfigError, load_experiment
-    from runtime.commands.simulate import trace_progress
+    from runtime.commands.simulate import trace_progress, warn_failures
     from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags
     from runtime.sim.run import simulate as run_sim
@@ -101,19 +105,36 @@ def compare(
         if plot is not None:
             out["plot"] = str(plot)
         print_json(out)
-        return
+    else:
+        print_table(results, f"{spec.name}: {spec.model_name}, {h:g} simulated h, seed {next(iter(results.values())).seed}")
+        if plot is not None:
+            from rich.console import Console
+
+            Console(stderr=True).print(f"plot: {plot}")
+    if warn_failures(results):
+        raise typer.Exit(1)
+
+
+def print_table(results: dict[str, SimResult], title: str) -> None:
+    """One row per policy; a `failed decisions` column appears when any policy failed one."""
     from rich.console import Console
     from rich.table import Table
 
-    base = results[names[0]].tokens_per_s
-    t = Table(title=f"{spec.name}: {spec.model_name}, {h:g} simulated h, seed {next(iter(results.values())).seed}")
-    for col in ("policy", "tokens/s", f"vs {names[0]}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns", "train delay s"):
+    from runtime.commands.simulate import failed_cell
+
+    first = next(iter(results))
+    base = results[first].tokens_per_s
+    failures = any(r.policy_failures for r in results.values())
+    t = Table(title=title)
+    cols = ["policy", "tokens/s", f"vs {first}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns", "train delay s"]
+    if failures:
+        cols.append("failed decisions")
+    for col in cols:
         t.add_column(col, justify="right" if col != "policy" else "left")
     for n, r in results.items():
         s = r.summary()
         rel = f"{(r.tokens_per_s / base - 1) * 100:+.1f}%" if base else "-"
-        t.add_row(n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
-                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]), f"{s['train_delay_s']:.1f}")
+        cells = [n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
+                 str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]), f"{s['train_delay_s']:.1f}"]
+        t.add_row(*cells, *([failed_cell(r)] if failures else []))
     Console().print(t)
-    if plot is not None:
-        Console(stderr=True).print(f"plot: {plot}")

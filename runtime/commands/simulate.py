@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from runtime.cli import app, user_errors
+
+if TYPE_CHECKING:
+    from runtime.sim.metrics import SimResult
 
 
 def trace_progress(hours: float, label: str):
@@ -22,6 +26,25 @@ def trace_progress(hours: float, label: str):
         prog.update(task, completed=t / 3600.0)
 
     return prog, update
+
+
+def warn_failures(results: dict[str, SimResult]) -> bool:
+    """One stderr line per policy that failed decisions (stdout may be JSON); True if one failed them all.
+
+    A policy that cannot decide keeps its layout, so without this a run with no layout at all
+    would only show 0 tokens/s.
+    """
+    from runtime.sim.metrics import failure_warning
+
+    for name, r in results.items():
+        if r.policy_failures:
+            print(failure_warning(f"policy {name}", r.policy_failures, r.decisions, r.starts, r.failure), file=sys.stderr)
+    return any(r.failed_all for r in results.values())
+
+
+def failed_cell(r: SimResult) -> str:
+    """`failed/decisions` for a table, marked when nothing ran."""
+    return f"{r.policy_failures}/{r.decisions}" + (" (all)" if r.failed_all else "")
 
 
 @app.command()
@@ -49,17 +72,27 @@ def simulate(
         r = run_sim(spec, policy, flags, hours=h, seed=seed, progress=update)
     if as_json:
         print_json(r.to_json())
-        return
+    else:
+        print_table(r, f"{spec.name}: {r.policy}, {h:g} simulated h (seed {r.seed}, {r.wall_s:.1f} s wall, {r.events} events)")
+    if warn_failures({r.policy: r}):
+        raise typer.Exit(1)
+
+
+def print_table(r: SimResult, title: str) -> None:
+    """The metric/value table on stdout; failed decisions and the first reason get rows when there are any."""
     from rich.console import Console
     from rich.table import Table
 
     s = r.summary()
-    t = Table(title=f"{spec.name}: {r.policy}, {h:g} simulated h (seed {r.seed}, {r.wall_s:.1f} s wall, {r.events} events)")
+    t = Table(title=title)
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k in ("tokens_per_s", "steps_per_h", "trajectories_per_h", "rollout_share", "mean_batch_s", "mean_step_interval_s",
               "switches", "starts", "stops", "lends", "preempted_instances", "resumed_requests", "lost_trajectories", "late_returns"):
         t.add_row(k, str(s[k]))
+    if r.policy_failures:
+        t.add_row("failed decisions", failed_cell(r))
+        t.add_row("first failure", str(r.failure))
     u = r.utilization()
     for k, v in u.get("mean_gpus", {}).items():
         t.add_row(f"mean GPUs {k}", str(v))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from runtime.cli import app, user_errors
+
+if TYPE_CHECKING:
+    from runtime.sweep.study import SweepResult
 
 
 @app.command()
@@ -49,7 +52,23 @@ def sweep(
     paths = write_outputs(res, out or Path("runs/sweep") / spec.name, plot)
     if as_json:
         print_json(res.to_json())
-        return
+    else:
+        print_table(res, paths)
+    if warn_failures(res.run.records):
+        raise typer.Exit(1)
+
+
+def warn_failures(records: list[dict]) -> bool:
+    """One stderr line per run whose policy failed decisions; True if one never got a layout running."""
+    from runtime.sweep.report import any_failed_all, failure_lines
+
+    for line in failure_lines(records):
+        print(line, file=sys.stderr)
+    return any_failed_all(records)
+
+
+def print_table(res: SweepResult, paths: dict[str, Path]) -> None:
+    """The aggregated points on stdout (mean ± std over seeds), output paths on stderr."""
     from rich.console import Console
     from rich.table import Table
 

@@ -23,7 +23,8 @@ class SimResult:
     steps: int = 0
     train_busy_s: float = 0.0
     decisions: int = 0
-    policy_failures: int = 0  # the policy could not decide (solver limit): the layout was kept
+    policy_failures: int = 0  # the policy could not decide (infeasible, solver limit): the layout was kept
+    failure: str | None = None  # the first such decision's reason, so a 0 tokens/s run says why
     mode_switches: int = 0
     role_switches: int = 0
     starts: int = 0
@@ -49,6 +50,11 @@ class SimResult:
     def switches(self) -> int:
         """Role changes of running instances plus mode changes (colocated <-> disaggregated)."""
         return self.role_switches + self.mode_switches
+
+    @property
+    def failed_all(self) -> bool:
+        """The policy never produced a working layout: every decision failed, or failures left it no engine."""
+        return failed_every_decision(self.policy_failures, self.decisions, self.starts)
 
     @property
     def steps_per_h(self) -> float:
@@ -107,6 +113,7 @@ class SimResult:
             "admission_pause_s": round(self.admission_pause_s, 1),
             "decisions": self.decisions,
             "policy_failures": self.policy_failures,
+            "failure": self.failure,
             "policy_wall_s": round(self.policy_wall_s, 2),
             "events": self.events,
             "hours": self.hours,
@@ -132,3 +139,14 @@ class SimResult:
             out["series"] = self.series
             out["elastic_series"] = self.elastic_series
         return out
+
+
+def failed_every_decision(failures: int, decisions: int, starts: int) -> bool:
+    """True when a run's throughput is meaningless because its policy never got a layout running."""
+    return failures > 0 and (failures >= decisions or starts == 0)
+
+
+def failure_warning(who: str, failures: int, decisions: int, starts: int, reason: str | None) -> str:
+    """The one stderr line for a policy that failed decisions (the tables would only show 0 tokens/s)."""
+    none_ran = ", no engine ever ran" if starts == 0 else ""
+    return f"pearl: warning: {who} failed {failures} of {decisions} decisions{none_ran}; first failure: {reason or 'no reason given'}"

@@ -223,6 +223,7 @@ class Simulator(RolloutSide, ClusterSide):
         self.r.decisions += 1
         if "error" in step.info:
             self.r.policy_failures += 1
+            self.r.failure = self.r.failure or str(step.info["error"])
         if math.isfinite(step.predicted_s):
             self.predicted_s = step.predicted_s
         if not step.plan.empty:  # a held decision's plan carries its mandatory part (recalls, returns)

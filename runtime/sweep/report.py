@@ -62,6 +62,26 @@ def mark_front(agg: list[dict[str, Any]], cost: str, gain: str) -> list[int]:
     return [usable[i]["point"] for i in idx]
 
 
+def failure_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One stderr warning per simulated run whose policy failed decisions (records without the counters are skipped)."""
+    from runtime.sim.metrics import failure_warning
+
+    lines = []
+    for r in records:
+        if r.get("policy_failures"):
+            at = ", ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in r["values"].items())
+            who = f"policy {r['policy']} at {at or 'the config'} seed {r['seed']}"
+            lines.append(failure_warning(who, r["policy_failures"], r["decisions"], r["starts"], r.get("failure")))
+    return lines
+
+
+def any_failed_all(records: list[dict[str, Any]]) -> bool:
+    """True if some run's policy never got a layout running (its throughput is no result)."""
+    from runtime.sim.metrics import failed_every_decision
+
+    return any(failed_every_decision(r["policy_failures"], r["decisions"], r["starts"]) for r in records if r.get("policy_failures"))
+
+
 def fmt(x: float) -> str:
     if x == 0:
         return "0"

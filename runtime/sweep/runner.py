@@ -97,7 +97,7 @@ def simulate_metrics(spec: ExperimentSpec, policy: str, flags: TraceFlags, hours
     serving = {pool: round(sum(v for k, v in gpus.items() if k.startswith(pool + ":") and k.split(":")[1] in ("colocated", "prefill", "decode")), 3)
                for pool in ("elastic", "training")}
     return {**{k: s[k] for k in SUMMARY_KEYS}, "reconfigurations": reconf, "elastic_gpus_serving": serving["elastic"],
-            "lent_gpus_serving": serving["training"], **gate_counts(r.decision_log), "wall_s": round(r.wall_s, 3)}
+            "lent_gpus_serving": serving["training"], **gate_counts(r.decision_log), "failure": r.failure, "wall_s": round(r.wall_s, 3)}
 
 
 GATE_KINDS = {"mode switch": "gate_mode_switches", "ratio change": "gate_ratio_changes", "scale change": "gate_scale_changes"}

@@ -21,7 +21,8 @@ LABELS = {"tokens_per_s": "tokens/s", "steps_per_h": "steps/h", "trajectories_pe
           "switches": "switches", "reconfigurations": "reconfigurations", "lends": "lends", "starts": "starts", "stops": "stops",
           "lost_trajectories": "lost", "late_returns": "late returns", "predicted_trajectories_per_h": "predicted traj/h",
           "predicted_rollout_s": "predicted rollout s", "role_changes": "role changes", "solve_ms_p50": "solve ms p50",
-          "elastic_gpus_serving": "elastic GPUs serving", "lent_gpus_serving": "lent GPUs serving", "gated": "gated"}
+          "elastic_gpus_serving": "elastic GPUs serving", "lent_gpus_serving": "lent GPUs serving", "gated": "gated",
+          "policy_failures": "failed decisions"}
 SIM_TABLE = ("tokens_per_s", "steps_per_h", "trajectories_per_h", "rollout_share", "switches", "reconfigurations", "lends",
              "elastic_gpus_serving", "gated", "lost_trajectories", "late_returns")
 PLAN_TABLE = ("predicted_trajectories_per_h", "predicted_rollout_s", "switches", "reconfigurations", "role_changes", "joins", "leaves",
@@ -49,7 +50,11 @@ class SweepResult:
 
     @property
     def table_metrics(self) -> tuple[str, ...]:
-        return PLAN_TABLE if self.planner_only else SIM_TABLE
+        """The table's columns; `failed decisions` only when some run's policy failed one (else it is noise)."""
+        if self.planner_only:
+            return PLAN_TABLE
+        failed = any(r.get("policy_failures") for r in self.run.records)
+        return SIM_TABLE + ("policy_failures",) if failed else SIM_TABLE
 
     def to_json(self) -> dict[str, Any]:
         return {
