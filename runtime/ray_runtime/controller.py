@@ -28,6 +28,7 @@ import numpy as np
 
 from models.config import ExperimentSpec
 from planner.state import TrainerPhase, state_from_cluster_spec
+from runtime.calibration.trajectory_log import TrajectoryLogWriter, log_path_for
 from runtime.executor import Executor
 from runtime.gc_pause import gc_deferred
 from runtime.loans import LoanLedger
@@ -60,6 +61,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         base = state_from_cluster_spec(spec.cluster, TrainerPhase("waiting", 0.0))
         self.table = SlotTable(base, make_slots(base, self.rt.bindings, device=self.device))
         self.metrics = MetricsWriter(metrics_path or (REPO_ROOT / self.rt.metrics_path))
+        self.trajectory_log = TrajectoryLogWriter(log_path_for(self.metrics.path))  # per-trajectory turns, for `pearl calibrate --logs`
         self.kv_store = f"/tmp/pearl-kv-{uuid.uuid4().hex[:8]}"
         self.executor = Executor()
         self.ledger = LoanLedger()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime import router
+from runtime.calibration.trajectory_log import TrajectoryRecord
 from runtime.ray_runtime.engines import GenRequest, GenResult
 from runtime.ray_runtime.records import EngineDied, RunFailed, TrajectoryFailed, actor_errors, error_text
 from runtime.ray_runtime.slot_table import SlotRuntime
@@ -43,6 +44,9 @@ class Trajectory:
     prompt_len: int = 0
     new_tokens: list[int] = field(default_factory=list)
     env_s: float = 0.0
+    response_tokens: list[int] = field(default_factory=list)  # per turn (the trajectory log's, with env_turn_s)
+    env_turn_s: list[float] = field(default_factory=list)  # per environment step, virtual seconds
+    truncated: bool = False  # ended at the token budget, not by the environment
     reward: float | None = None
     resumes: int = 0
     last: dict[str, str] = field(default_factory=dict)  # role -> gpu of the previous turn (prefix reuse)
@@ -193,6 +197,7 @@ class RolloutDriver:
                 await self.env.forget.remote(t.id)
                 raise
             t.tokens += got
+            t.response_tokens.append(len(got))
             t.mask += [1] * len(got)
             t.logprobs += lps
             t.min_version = min(t.min_version, v)
@@ -200,9 +205,12 @@ class RolloutDriver:
             e0 = time.monotonic()
             t.state = "env"
             obs, done, reward = await self.env.step.remote(t.id, got)
-            t.env_s += time.monotonic() - e0
+            dt = time.monotonic() - e0
+            t.env_s += dt
+            t.env_turn_s.append(dt * self.scale)
             if done or len(t.tokens) + len(obs) + 2 >= limit:
                 if not done:
+                    t.truncated = True
                     await self.env.forget.remote(t.id)
                     reward = 0.0
                 t.reward = float(reward)
@@ -213,6 +221,7 @@ class RolloutDriver:
         t.env_s = t.env_s * self.scale
         t.state = "done"
         self.metrics.write("trajectory", id=t.id, batch=t.batch, turns=t.turns, tokens=len(t.tokens), reward=t.reward, resumes=t.resumes, min_version=t.min_version, max_version=t.max_version, seconds=round(time.monotonic() - t0, 3))
+        self.trajectory_log.write(trajectory_record(t, limit))
         return t
 
     async def _rollout_batch(self, b: int) -> tuple[list[Trajectory], float]:
@@ -295,3 +304,8 @@ class RolloutDriver:
         self.metrics.write("kv_probe", prefill=p.worker_id, decode=d.worker_id, **out)
         return out
 
+
+def trajectory_record(t: Trajectory, budget: int) -> TrajectoryRecord:
+    """A finished trajectory as `pearl calibrate --logs` reads it (runtime/calibration/trajectory_log.py)."""
+    return TrajectoryRecord(turns=t.turns, initial_prompt_tokens=t.prompt_len, new_tokens=tuple(t.new_tokens), response_tokens=tuple(t.response_tokens),
+                            env_latency_s=tuple(t.env_turn_s), truncated=t.truncated, token_budget=budget, id=t.id, batch=t.batch, group=t.group)
