@@ -55,6 +55,8 @@ class GroupTarget:
 class Decision:
     """Mode, ratio and placement of rollout instances, with predicted completion and cost.
 
+    `predicted_completion_s` is a fresh batch's completion with these counts; `objective_ms`
+    prices only the work left (R of B trajectories, planner/milp.py) plus the transition.
     `applied` is False when a policy's gate kept the current configuration; then the
     targets, prediction and objective are the current ones, `proof` is the solver's proof of
     the optimum the gate rejected, and `reason` says why.

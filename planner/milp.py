@@ -12,7 +12,7 @@ Variables:
   d[g,r], s[g,r]  instances started / stopped;  d - s = x - cur
   u[g,c]      survivors that switch role inside TP class c (same TP): u <= sum d, u <= sum s
   m           1 = disaggregated; y[r,k] one-hot selection of table entry k of role r
-  T           predicted completion (ms): T >= sum_k t_ms[r,k] y[r,k] for every role
+  T           priced completion (ms, see Objective): T >= sum_k t_ms[r,k] y[r,k] for every role
 Constraints (families, named when infeasible):
   availability    sum_r tp_r x[g,r] <= cap[g]   (preempted / noticed GPUs have cap 0)
   borrow_window   training groups have cap 0 unless the trainer waits and lend + return fit
@@ -22,9 +22,21 @@ Constraints (families, named when infeasible):
                   predictor's tables (fewer resident trajectories, evicted prefixes prefilled again)
   mode            y[C,0] = m, y[P,0] = y[D,0] = 1 - m; N_r >= sum_k k y[r,k]; N_C <= M(1-m) ...
   policy          fixed mode / fixed P:D counts / allowed pools (baselines, ablations)
-Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant
-  (start/stop/switch priced as seconds of blocked GPUs spread over the dedicated usable GPUs, times
-  the configured transition weight; `constant_ms` prices unavoidable stops).
+Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant, per batch of
+  the horizon (H = horizon_batches): a change's gain counts over H batches, its cost once.
+  T prices the work the configuration will serve: the tables predict a fresh batch of B
+  trajectories, but mid-batch only R of them are left, so every table entry is priced at
+  round(f * t_ms) with f = (min(R/B, H) + max(H - 1, 0)) / H (the rest of this batch, then
+  H - 1 fresh ones, per batch). f = 1 for a fresh batch (R/B = 1) or R/B = 0 (the batch is
+  complete: the configuration next serves a fresh one); for H = 1, f = R/B as in Eq. 7,
+  which weighs completion differences by R/B. Pricing is monotone, so pruning stays exact
+  and T's optimum is round(f * the predicted batch completion); `Decision` reports the
+  latter. Transition prices are not scaled by f: a switch mid-batch costs what it costs at
+  a batch boundary, so its gain shrinks with what is left and its cost does not.
+  Start/stop/switch are priced as seconds of blocked GPUs spread over the dedicated usable
+  GPUs, times transition_weight / H; `constant_ms` prices unavoidable stops. Training-GPU
+  starts are priced at lend + return unless `Options.toggle_in_objective` is off: gated
+  policies charge the toggle once, in the Eq. 7 borrow gate (planner/policies.py).
 """
 
 from __future__ import annotations
@@ -52,6 +64,9 @@ class Options:
     max_gpus: int | None = None  # at most this many GPUs in rollout (roll's fixed size)
     relax: tuple[str, ...] = ()  # constraint families switched off (infeasibility diagnosis)
     aggregate: bool = True  # fold identical nodes into classes (exact; off only to test that it is)
+    # price a training-GPU start at lend + return; off where the Eq. 7 gate charges the toggle
+    # instead (gated policies), so it is not counted twice
+    toggle_in_objective: bool = True
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ class GroupData:
 class PlanningProblem:
     groups: tuple[GroupData, ...]
     tp: tuple[int, int, int]
-    entries: tuple[tuple[tuple[int, int], ...], ...]  # per role: (k, t_ms), k=0 first
+    entries: tuple[tuple[tuple[int, int], ...], ...]  # per role: (k, priced t_ms), k=0 first
     modes: tuple[str, ...]
     fixed_pd: tuple[int, int] | None
     max_gpus: int | None
@@ -103,6 +118,10 @@ class PlanningProblem:
     cost_gpus: int = 1  # the denominator of every transition price (dedicated usable GPUs)
     relax: tuple[str, ...] = ()
     borrow_closed: bool = False  # training GPUs exist but the borrow window is shut
+    work: float = 1.0  # f: the share of a fresh batch's completion the objective prices (see Objective)
+    # per role: the improving (k, t_ms) entries of a fresh batch, unpriced and unpruned by cost:
+    # what `batch_completion_ms` reports (the predicted batch time, whatever f is)
+    batch_entries: tuple[tuple[tuple[int, int], ...], ...] = ((), (), ())
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def max_instances(self, r: int) -> int:
@@ -127,6 +146,32 @@ def _ms(seconds: float) -> int:
 def prune_table(table: RoleTable, k_max: int) -> tuple[tuple[int, int], ...]:
     """The table's strictly improving (k, t_ms) entries with at most `k_max` instances."""
     return tuple(e for e in table.improving if e[0] <= k_max)
+
+
+def remaining_fraction(unfinished: float) -> float:
+    """R/B as the planner weighs it. R/B = 0 means the batch is complete: what runs next is a
+    fresh batch, so it counts as 1 (both runtimes report 0 between a batch's end and the next
+    launch, e.g. at the simulator's `rollout_step` and `training_begin` events)."""
+    return unfinished if unfinished > 0.0 else 1.0
+
+
+def work_fraction(unfinished: float, horizon_batches: float) -> float:
+    """f, the share of a fresh batch's completion the objective prices (module docstring, Objective)."""
+    r, h = remaining_fraction(unfinished), horizon_batches
+    return (min(r, h) + max(h - 1.0, 0.0)) / h
+
+
+def price_entries(entries: tuple[tuple[int, int], ...], work: float) -> tuple[tuple[int, int], ...]:
+    """(k, round(work * t_ms)) of improving entries, keeping only those still strictly improving.
+
+    Rounding a scaled value is monotone, so the order survives; of two entries that round to
+    the same value the one with fewer instances is never worse (more instances cost more)."""
+    out: list[tuple[int, int]] = []
+    for k, t in entries:
+        priced = t if k == 0 else int(round(work * t))
+        if k == 0 or len(out) == 1 or priced < out[-1][1]:
+            out.append((k, priced))
+    return tuple(out)
 
 
 def _prune_against_partner(pre: tuple[tuple[int, int], ...], dec: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
@@ -218,12 +263,15 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     groups = []
     for (pool, typ, cap, cu, _), nodes in classes.items():
         allowed = tuple(inputs.memory.fits(typ, t) or "memory" in relax for t in tp)
-        start = tuple(_ms(w * c.start_s[pool] * t / denom) for t in tp)
+        start_s = 0.0 if pool == "training" and not options.toggle_in_objective else c.start_s[pool]
+        start = tuple(_ms(w * start_s * t / denom) for t in tp)
         stop = tuple(_ms(w * c.stop_s * t / denom) for t in tp)
         switch = tuple(_ms(w * c.switch_s * t / denom) for t in tp)
         groups.append(GroupData(tuple(nodes), pool, typ, cap, cu, allowed, start, stop, switch))  # type: ignore[arg-type]
     probe = PlanningProblem(tuple(groups), tp, ((), (), ()), options.modes, options.fixed_pd, options.max_gpus, 0, usable)
-    entries = tuple(prune_table(inputs.table(r), probe.max_instances(i)) for i, r in enumerate(ROLES))
+    batch = tuple(prune_table(inputs.table(r), probe.max_instances(i)) for i, r in enumerate(ROLES))
+    work = work_fraction(state.unfinished_fraction, inputs.weights.horizon_batches)
+    entries = tuple(price_entries(e, work) for e in batch)
     entries = (entries[0], *_prune_against_partner(entries[1], entries[2]))
     # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
     # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions
@@ -233,7 +281,7 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     closed = any(g.pool == "training" and g.usable for g in state.groups()) and options.allow_borrow and not lendable
-    problem = PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, constant, usable, denom, relax, closed)
+    problem = PlanningProblem(tuple(groups), tp, entries, modes, fixed, mx, constant, usable, denom, relax, closed, work, batch)
     return bound_prune(problem)
 
 
@@ -280,7 +328,7 @@ def policy_contradiction(problem: PlanningProblem) -> str | None:
 class Solution:
     status: str  # optimal | feasible | infeasible | no_solution
     x: tuple[tuple[int, int, int], ...]  # per group
-    completion_ms: int
+    completion_ms: int  # the objective's (priced) completion term T
     objective_ms: int
     best_bound_ms: float
     solve_ms: float
@@ -309,22 +357,31 @@ class Solution:
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
-    """Predicted completion of role totals (running-min tables), None if the mode is invalid."""
+def _completion(entries: tuple[tuple[tuple[int, int], ...], ...], modes: tuple[str, ...], totals: tuple[int, int, int]) -> int | None:
     n_c, n_p, n_d = totals
 
     def best(r: int, n: int) -> int | None:
-        vals = [t for k, t in problem.entries[r] if 1 <= k <= n]
+        vals = [t for k, t in entries[r] if 1 <= k <= n]
         return min(vals) if vals else None
 
     if n_c > 0 and n_p == 0 and n_d == 0:
-        return best(0, n_c) if "colocated" in problem.modes else None
+        return best(0, n_c) if "colocated" in modes else None
     if n_c == 0 and n_p > 0 and n_d > 0:
-        if "disaggregated" not in problem.modes:
+        if "disaggregated" not in modes:
             return None
         a, b = best(1, n_p), best(2, n_d)
         return None if a is None or b is None else max(a, b)
     return None
+
+
+def completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
+    """The objective's completion term of role totals (priced running-min tables), None if the mode is invalid."""
+    return _completion(problem.entries, problem.modes, totals)
+
+
+def batch_completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
+    """Predicted completion of a fresh batch with these role totals (what a Decision reports)."""
+    return _completion(problem.batch_entries, problem.modes, totals)
 
 
 def group_transition_ms(problem: PlanningProblem, g: GroupData, x: tuple[int, int, int]) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from models.predictor import best_split
 from planner.decision import Decision, SolverProof
 from planner.inputs import PlanningInputs
-from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate
+from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate, remaining_fraction
 from planner.solve import decision_from, solve_step
 from planner.state import ClusterState
 from planner.transition import TransitionPlan, build_plan
@@ -85,9 +85,14 @@ class PearlPolicy:
 
     borrow: training GPUs may serve rollout between updates, if (R/B)(T_ded - T_borrow)
       exceeds lend + return cost (+ borrow_threshold_s); T_borrow is the optimum with
-      borrowing allowed (what would run), T_ded the optimum on dedicated GPUs only.
-    gate: a new configuration replaces the current one only if its objective (completion
-      + transition cost per horizon batch) beats the current one's by margin x T_current;
+      borrowing allowed (what would run), T_ded the optimum on dedicated GPUs only, both
+      fresh-batch predictions. The toggle (lend + return) is charged once: gated policies
+      solve with training-GPU starts priced without it and let Eq. 7 charge it in full;
+      without the gate the objective prices it and the lower objective wins. R/B = 0 (the
+      batch is complete) counts as 1: the loan would serve the next, fresh batch.
+    gate: a new configuration replaces the current one only if its objective (the work left,
+      priced as in planner/milp.py, + transition cost per horizon batch) beats the current
+      one's by margin x the current one's priced completion (a relative gain of the work left);
       margin = mode_switch_margin for colocated <-> disaggregated, ratio_change_margin when
       surviving workers change role or stop, 0 for pure growth / forced shrink. A current
       configuration that became infeasible (preemption, recall) is a forced switch: no gate.
@@ -104,7 +109,7 @@ class PearlPolicy:
     backend: str | None = None
 
     def _options(self, state: ClusterState, inputs: PlanningInputs, borrow: bool) -> Options:
-        opts = Options(allow_borrow=borrow, allow_elastic=self.elastic, pools=self.pools, modes=self.modes)
+        opts = Options(allow_borrow=borrow, allow_elastic=self.elastic, pools=self.pools, modes=self.modes, toggle_in_objective=not self.gate)
         if self.fixed_pd:
             tp = inputs.tp("decode")
             nominal = sum(1 for g in state.gpus if g.pool in ("rollout", "elastic")) // tp
@@ -160,7 +165,7 @@ class PearlPolicy:
         if borrowed is not None:
             p_b, s_b, cand_b = borrowed
             t_ded, t_full = cand.predicted_completion_s, cand_b.predicted_completion_s
-            benefit = state.unfinished_fraction * (t_ded - t_full)
+            benefit = remaining_fraction(state.unfinished_fraction) * (t_ded - t_full)
             ok = benefit > toggle + inputs.weights.borrow_threshold_s if self.gate else cand_b.objective_ms < cand.objective_ms
             extras.update(t_dedicated_s=t_ded, t_borrow_s=t_full, borrow_benefit_s=benefit, toggle_s=toggle, borrow=bool(ok))
             if ok:
@@ -185,7 +190,7 @@ class PearlPolicy:
         else:
             margin, kind = 0.0, "scale change"
         gain_ms = obj_cur - cand.objective_ms
-        need_ms = margin * keep.predicted_completion_s * 1000.0
+        need_ms = margin * problem.work * keep.predicted_completion_s * 1000.0
         if gain_ms > need_ms:
             return Step(replace(cand, reason=f"{kind}: gain {gain_ms / 1000:.2f} s > margin {need_ms / 1000:.2f} s"), plan)
         # the proof stays the solver's (of the optimum the gate rejected): its status and time are real

@@ -32,7 +32,7 @@ def random_inputs(rng: random.Random, tps: tuple[int, int, int], max_gpus: int =
     weights_gb = rng.choice([16.0, 16.0, 60.0, 120.0])
     max_seq = rng.choice([0.0, 32768.0, 3e5])  # 3e5 tokens (44 GB of KV) fit on 80 GB only beside small weights
     memory = MemoryModel(weights_gb * 1e9, 147456.0, {"H800": mem_gib, "A100": 40.0}, max_seq)
-    w = CostWeights(transition_weight=rng.choice([0.0, 1.0, 5.0]), horizon_batches=rng.choice([1.0, 2.0]))
+    w = CostWeights(transition_weight=rng.choice([0.0, 1.0, 5.0]), horizon_batches=rng.choice([1.0, 2.0, 0.5]))
     return PlanningInputs(tabs[0], tabs[1], tabs[2], costs, memory, w, SolverSettings("cpsat", 10.0, 8, 0), 64)
 
 
@@ -63,7 +63,8 @@ def random_state(rng: random.Random, tps: tuple[int, int, int]) -> ClusterState:
             workers.append(Worker(f"w{len(workers)}", role, tuple(g.id for g in take), tp, draining=rng.random() < 0.05))
     gpus = [replace(g, borrowed=g.id in borrowed) for g in gpus]
     trainer = TrainerPhase(rng.choice(["training", "waiting"]), rng.choice([0.0, 5.0, 1000.0]))
-    return ClusterState(tuple(gpus), tuple(workers), trainer)
+    unfinished = rng.choice([1.0, 1.0, 0.6, 0.25, 0.05, 0.0])  # R/B: fresh, mid-batch, nearly done, complete
+    return ClusterState(tuple(gpus), tuple(workers), trainer, unfinished_fraction=unfinished)
 
 
 def _ms(x: float) -> int:
@@ -98,6 +99,15 @@ def allowed_pools(options: object | None) -> set[str]:
     return pools
 
 
+def work_share(state: ClusterState, inputs: PlanningInputs) -> float:
+    """The share of a fresh batch's completion the objective prices: the R/B left of this batch
+    (R = 0: complete, the next one is fresh) and H - 1 fresh batches, per batch of the horizon H
+    (a horizon shorter than a batch counts at most H of what is left)."""
+    h = inputs.weights.horizon_batches
+    left = state.unfinished_fraction if state.unfinished_fraction > 0.0 else 1.0
+    return (min(left, h) + max(h - 1.0, 0.0)) / h
+
+
 def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, options: object | None = None) -> int | None:
     """Best objective (ms) by enumerating every per-node role assignment; None if none is feasible.
 
@@ -106,15 +116,23 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
     instances are kept, switched (same TP), or stopped, and missing ones started, at the
     cheapest mix found by enumerating keeps and switches.
 
+    The completion term prices the work left: the tables predict a fresh batch, and with R of
+    B trajectories unfinished and a horizon of H batches the configuration serves the rest of
+    this batch and H - 1 fresh ones, counted per batch of the horizon; a horizon shorter than
+    a batch counts at most H of what is left. A complete batch (R = 0) means the next one is
+    fresh. Transition prices are not scaled (milp.py docstring, "Objective").
+
     `options` is read by attribute (any object with the fields of planner.milp.Options, or
     None for no restriction): `pools` / `allow_elastic` / `allow_borrow` decide which pools'
     GPUs may host instances, `modes` the serving modes allowed, `fixed_pd` the exact
     (prefill, decode) instance counts, `max_gpus` the most GPUs all instances together may
-    occupy (borrowed training GPUs included).
+    occupy (borrowed training GPUs included), `toggle_in_objective` False makes an instance
+    started on a training GPU free (the lend + return is charged elsewhere, by the Eq. 7 gate).
     """
     modes = tuple(getattr(options, "modes", ALL_MODES))
     fixed_pd = getattr(options, "fixed_pd", None)
     max_gpus = getattr(options, "max_gpus", None)
+    toggle_priced = getattr(options, "toggle_in_objective", True)
     pools = allowed_pools(options)
     if not borrow_window_is_open(state.trainer, inputs.costs, now_s):
         pools.discard("training")
@@ -152,7 +170,8 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
 
     def node_cost(k: tuple[str, str, str], x: tuple[int, ...]) -> int:
         cu = cur[k]
-        start = [_ms(w * c.start_s[k[1]] * t / denom) for t in tp]
+        start_s = 0.0 if k[1] == "training" and not toggle_priced else c.start_s[k[1]]
+        start = [_ms(w * start_s * t / denom) for t in tp]
         stop = [_ms(w * c.stop_s * t / denom) for t in tp]
         switch = [_ms(w * c.switch_s * t / denom) for t in tp]
         moves = [(a, b) for a in range(3) for b in range(3) if a != b and tp[a] == tp[b]]
@@ -179,6 +198,8 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
         s = inputs.table(ROLES[r]).seconds
         vals = [_ms(float(s[i])) for i in range(1, min(n, len(s) - 1) + 1) if math.isfinite(s[i])]
         return min(vals) if vals else None
+
+    share = work_share(state, inputs)
 
     mem = inputs.memory
     choices = []  # per node: (x, transition ms, GPUs used)
@@ -209,7 +230,7 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
             continue
         if t is None:
             continue
-        obj = t + sum(o[1] for o in combo) + constant
+        obj = int(round(share * t)) + sum(o[1] for o in combo) + constant
         best = obj if best is None else min(best, obj)
     return best
 
@@ -259,7 +280,7 @@ def random_option_fields(rng: random.Random, focus: str, tps: tuple[int, int, in
     elif focus == "max_gpus":
         kw["max_gpus"] = max_gpus()
     elif focus == "borrow":
-        kw[rng.choice(["allow_borrow", "allow_elastic"])] = False
+        kw[rng.choice(["allow_borrow", "allow_elastic", "toggle_in_objective"])] = False
     else:
         if rng.random() < 0.5:
             kw["fixed_pd"] = fixed_pd()
@@ -268,7 +289,7 @@ def random_option_fields(rng: random.Random, focus: str, tps: tuple[int, int, in
         for name, draw in (("pools", pools), ("max_gpus", max_gpus)):
             if rng.random() < 0.5:
                 kw[name] = draw()
-        for name in ("allow_borrow", "allow_elastic"):
+        for name in ("allow_borrow", "allow_elastic", "toggle_in_objective"):
             if rng.random() < 0.2:
                 kw[name] = False
     return kw

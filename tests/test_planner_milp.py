@@ -10,7 +10,7 @@ from planner.backends import BACKENDS, solve
 from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
 from planner.transition import apply_plan, build_plan, plan_cost_ms
-from planner_cases import oracle, random_inputs, random_state
+from planner_cases import oracle, random_inputs, random_state, work_share
 
 N_CASES = 200
 
@@ -56,14 +56,15 @@ def test_class_aggregation_is_exact() -> None:
 
 
 def test_plan_objective_recomputed_from_scratch_equals_solver() -> None:
-    """Completion of the decided counts + the cost of the plan's own actions == solver objective."""
+    """Completion of the decided counts, priced for the work left, + the cost of the plan's own actions == solver objective."""
     checked = 0
     for i, (state, inputs) in enumerate(CASES):
         problem, sol, decision = solve_step(state, inputs, 0.0, backend="cpsat")
         if decision is None:
             continue
         plan = build_plan(state, decision, inputs, 0.0)
-        recomputed = round(decision.predicted_completion_s * 1000) + plan_cost_ms(plan, state, inputs, problem.cost_gpus)
+        priced = int(round(work_share(state, inputs) * round(decision.predicted_completion_s * 1000)))
+        recomputed = priced + plan_cost_ms(plan, state, inputs, problem.cost_gpus)
         assert recomputed == sol.objective_ms, (i, recomputed, sol.objective_ms)
         after = apply_plan(state, plan)  # and the plan lands exactly on the decided placement
         got: dict[str, dict[str, int]] = {}

@@ -126,3 +126,72 @@ def test_time_limit_without_a_solution_keeps_the_current_configuration() -> None
     d = step.decision
     assert d.proof.status == "no_solution" and not d.applied and d.ratio == "1P3D" and step.plan.empty
     assert d.proof.gap == float("inf")
+
+
+# ----------------------------------------------------------------------------- with transition cost
+# transition_weight 1 on 8 dedicated GPUs: one TP2 role change (stop 2 s + start 15 s; a 30 s
+# switch is dearer) is priced (2 + 15) * 2 / 8 = 4.25 s; the ratio margin is 3% of the current
+# completion (200 s): 6 s for a fresh batch.
+RATIO_STATE_ROLES = ["prefill", "decode", "decode", "decode"]
+
+
+def _ratio_case(gain_s: float, unfinished: float = 1.0):
+    g = node("r", "rollout", 8)
+    state = ClusterState(tuple(g), workers(RATIO_STATE_ROLES, g), unfinished_fraction=unfinished)
+    # 1P3D: max(200, 150) = 200 s; 2P2D: max(150, 200 - gain) = 200 - gain
+    inp = inputs({4: 500.0}, {1: 200.0, 2: 150.0}, {2: 200.0 - gain_s, 3: 150.0}, weight=1.0)
+    return state, inp
+
+
+def test_gate_weighs_the_gain_net_of_the_transition_cost() -> None:
+    # 9 s faster is above the 6 s margin, but net of the 4.25 s role change only 4.75 s: held
+    state, inp = _ratio_case(9.0)
+    step = get_policy("pearl").decide(state, inp, 0.0)
+    d = step.decision
+    assert not d.applied and d.ratio == "1P3D" and d.reason == "gated ratio change: gain 4.75 s <= margin 6.00 s", d.reason
+    assert abs(d.predicted_completion_s - 200.0) < 1e-9 and step.plan.empty
+    taken = get_policy("pearl-no-gate").decide(state, inp, 0.0).decision  # the objective alone takes it
+    assert taken.applied and taken.ratio == "2P2D" and abs(taken.transition_cost_s - 4.25) < 1e-9
+    # 20 s faster: 15.75 s net passes the margin
+    state, inp = _ratio_case(20.0)
+    step = get_policy("pearl").decide(state, inp, 0.0)
+    d = step.decision
+    assert d.applied and d.ratio == "2P2D" and d.reason == "ratio change: gain 15.75 s > margin 6.00 s", d.reason
+    assert step.plan.joins == 1 and step.plan.leaves == 1  # a decode worker restarts as prefill
+
+
+def test_mid_batch_prices_only_the_work_left() -> None:
+    # a fresh batch switches for 20 s (net 15.75 s); with a fifth of the batch left the gain is
+    # 4 s < 4.25 s of transition: the optimum itself keeps the configuration, gate or no gate
+    for frac, ratio in ((1.0, "2P2D"), (0.5, "2P2D"), (0.2, "1P3D"), (0.0, "2P2D")):  # 0: complete, the next batch is fresh
+        state, inp = _ratio_case(20.0, unfinished=frac)
+        for name in ("pearl", "pearl-no-gate"):
+            step = get_policy(name).decide(state, inp, 0.0)
+            d = step.decision
+            assert d.ratio == ratio and d.applied, (frac, name, d.ratio, d.reason)
+            assert abs(d.predicted_completion_s - (200.0 if ratio == "1P3D" else 180.0)) < 1e-9  # a fresh batch's time
+            assert step.plan.empty is (ratio == "1P3D"), (frac, name)
+    # half the batch left: 10 s - 4.25 s = 5.75 s net, against half the margin (3 s)
+    state, inp = _ratio_case(20.0, unfinished=0.5)
+    d = get_policy("pearl").decide(state, inp, 0.0).decision
+    assert d.reason == "ratio change: gain 5.75 s > margin 3.00 s", d.reason
+    assert d.objective_ms == 90000 + 4250  # half of 180 s, plus the role change
+
+
+def test_lend_and_return_are_charged_once() -> None:
+    """T_ded 200 s, with all 8 training GPUs 185 s: Eq. 7 lends (15 s > 9.44 s). Pricing the
+    toggle in the objective as well (4 starts x 9.44 s x 2 GPUs / 4 dedicated GPUs = 18.88 s)
+    would make the borrowing optimum lend nothing; the ungated policy does price it there."""
+    r = node("r", "rollout", 4)
+    t = node("t", "training", 8)
+    state = ClusterState(tuple(r + t), workers(["colocated"] * 2, r), TrainerPhase("waiting", 1e6))
+    inp = inputs({2: 200.0, 6: 185.0}, {}, {}, weight=1.0)
+    d = get_policy("pearl").decide(state, inp, 0.0, "training_end").decision
+    assert d.extras["borrow"] is True and d.lent_gpus == 8 and d.applied, d.extras
+    assert abs(d.extras["borrow_benefit_s"] - 15.0) < 1e-6 and abs(d.extras["toggle_s"] - 9.44) < 1e-9
+    assert d.transition_cost_s == 0.0  # the toggle is not in the objective as well
+    ungated = get_policy("pearl-no-gate").decide(state, inp, 0.0, "training_end").decision
+    assert ungated.lent_gpus == 0 and ungated.colocated == 2  # 185 + 18.88 > 200
+    # a fifth of the batch left: (R/B) 15 s = 3 s < 9.44 s, no loan
+    d = get_policy("pearl").decide(replace(state, unfinished_fraction=0.2), inp, 0.0, "training_end").decision
+    assert d.extras["borrow"] is False and d.lent_gpus == 0
