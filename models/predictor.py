@@ -88,31 +88,66 @@ class BatchShape:
 def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: float = 1.0) -> BatchShape:
     """Turn-indexed batch from the workload's distributions (B quantiles of the turn count).
 
-    A trajectory ends at its drawn turn count or when its context reaches
-    max_trajectory_tokens, whichever comes first (the rollout truncates it there), so the
-    tail is never longer than the token budget allows. Of each turn's earlier context, the
-    share `prefix_cache_hit` is a prefix-cache hit; the rest is prefilled again with the
-    turn's new tokens (new_tokens holds what is actually prefilled).
+    A trajectory ends at its drawn turn count or before the turn that would take its
+    context past max_trajectory_tokens, whichever comes first (the rollout's rule,
+    runtime/sim/workload.py). Its context grows by random per-turn tokens, so trajectories
+    with short turns fit more of them under the budget: the batch's turn counts are the B
+    quantiles of min(turns, budget turns), whose survival is P(turns > k) x P(context
+    after k + 1 turns <= budget) (the context a sum of independent turns, approximated as lognormal). The
+    tail of the batch, and so its completion, depends on the token spread, not only on
+    the means. Of each turn's earlier context, the share `prefix_cache_hit` is a
+    prefix-cache hit; the rest is prefilled again with the turn's new tokens (new_tokens
+    holds what is actually prefilled).
     """
     b = batch or workload.trajectories_per_batch
-    q = (np.arange(b) + 0.5) / b
-    turns = np.array([max(1, round(workload.turns.quantile(x))) for x in q])
+    turns = _turn_counts(workload, b)
     r = workload.response_tokens_per_turn.expected()
     first = workload.initial_prompt_tokens.expected()
     per_turn = workload.new_tokens_per_turn.expected()
     cap = float(workload.max_trajectory_tokens)
-    new = np.full(int(turns.max()), per_turn)
-    new[0] = first
-    ends = np.cumsum(new + r)  # context after each turn, untruncated
-    budget_turns = int(min(len(ends), np.count_nonzero(ends < cap) + 1))  # the turn that crosses cap is the last
-    turns = np.minimum(turns, budget_turns)
     k_max = int(turns.max())
+    new = np.full(k_max, per_turn)
+    new[0] = first
+    ends = np.cumsum(new + r)  # context after each turn at the mean token sizes
     active = np.array([(turns >= k + 1).sum() for k in range(k_max)], dtype=float)
-    new = new[:k_max]
     prefix = np.minimum(np.concatenate([[0.0], ends[: k_max - 1]]), cap)
     new = np.minimum(new, np.maximum(cap - prefix, 1.0))
     hit = workload.prefix_cache_hit
     return BatchShape(b, active, new + (1.0 - hit) * prefix, hit * prefix, r, workload.env_latency_s.expected() * env_scale)
+
+
+QUADRATURE = 512
+
+
+def _moments(d) -> tuple[float, float]:
+    """Mean and variance of a (clipped) distribution by quantile quadrature."""
+    v = np.array([d.quantile((i + 0.5) / QUADRATURE) for i in range(QUADRATURE)])
+    return float(v.mean()), float(v.var())
+
+
+def _turn_counts(workload: WorkloadSpec, b: int) -> np.ndarray:
+    """The b quantiles (ascending) of a trajectory's turn count under the token budget."""
+    from statistics import NormalDist
+
+    grid = np.sort([max(1.0, round(workload.turns.quantile((i + 0.5) / QUADRATURE))) for i in range(QUADRATURE)])
+    k_top = int(grid[-1])
+    k = np.arange(1, k_top + 1)
+    more_turns = 1.0 - np.searchsorted(grid, k, side="right") / QUADRATURE  # P(turns > k)
+    m0, v0 = _moments(workload.initial_prompt_tokens)
+    mn, vn = _moments(workload.new_tokens_per_turn)
+    mr, vr = _moments(workload.response_tokens_per_turn)
+    mean = m0 + mr + k * (mn + mr)  # context after k + 1 turns
+    var = v0 + vr + k * (vn + vr)
+    cap = float(workload.max_trajectory_tokens)
+    # a sum of skewed positive sizes: lognormal with its mean and variance (Fenton-Wilkinson),
+    # whose light left tail a normal would overstate
+    s2 = np.log1p(var / mean**2)
+    z = np.where(s2 > 0, (math.log(cap) - (np.log(mean) - s2 / 2)) / np.sqrt(np.maximum(s2, 1e-300)), np.where(mean <= cap, np.inf, -np.inf))
+    fits = np.array([NormalDist().cdf(x) if np.isfinite(x) else float(x > 0) for x in z])
+    survive = more_turns * fits  # P(a trajectory runs more than k turns), k = 1..k_top
+    cdf = 1.0 - np.concatenate([[1.0], survive])  # P(turns <= k), k = 0..k_top
+    q = (np.arange(b) + 0.5) / b
+    return np.maximum(np.searchsorted(cdf, q, side="left"), 1).astype(int)
 
 
 def best_split(prefill_s: np.ndarray, decode_s: np.ndarray) -> int:

@@ -131,9 +131,30 @@ def test_trajectories_end_at_the_token_budget() -> None:
         max_trajectory_tokens=10_000,
     )
     s = batch_shape(w)
-    # 1300 tokens after turn 1, then +1000 per turn: turn 10 crosses 10,000 and is the last.
-    assert s.turns == 10
-    assert s.prefix_tokens[-1] + s.new_tokens[-1] <= 10_000
+    # 1300 tokens after turn 1, then +1000 per turn: 9,300 after turn 9; turn 10 would cross
+    # 10,000, so the rollout cuts the trajectory before it (the simulator's sampler, same rule)
+    assert s.turns == 9
+    assert s.prefix_tokens[-1] + s.new_tokens[-1] + s.response_tokens <= 10_000
+    from runtime.sim.workload import TrajectorySampler
+
+    assert {p.turns for p in TrajectorySampler(w, np.random.default_rng(0)).sample(4)} == {9}
+
+
+def test_short_turns_outlast_the_mean_budget() -> None:
+    """With random per-turn tokens, some trajectories fit more turns under the budget than
+    the mean sizes allow: the batch's longest trajectory (its completion) grows with the spread
+    and with the batch, as in the simulator's sampled batches."""
+    base = dict(turns=Distribution(kind="constant", mean=60), initial_prompt_tokens=Distribution(kind="constant", mean=1000),
+                response_tokens_per_turn=Distribution(kind="constant", mean=300), env_latency_s=Distribution(kind="constant", mean=1.0),
+                max_trajectory_tokens=10_000)
+    fixed = batch_shape(WorkloadSpec(trajectories_per_batch=64, new_tokens_per_turn=Distribution(kind="constant", mean=700), **base))
+    spread = WorkloadSpec(trajectories_per_batch=64, new_tokens_per_turn=Distribution(kind="lognormal", mean=700, cv=1.0), **base)
+    small, large = batch_shape(spread, 8), batch_shape(spread, 1024)
+    assert fixed.turns == 9 and small.turns <= large.turns and large.turns > fixed.turns
+    from runtime.sim.workload import TrajectorySampler
+
+    drawn = max(p.turns for p in TrajectorySampler(spread, np.random.default_rng(1)).sample(1024))
+    assert abs(drawn - large.turns) <= max(2, 0.15 * drawn), (drawn, large.turns)
 
 
 def test_prefix_cache_hit_moves_context_into_prefill() -> None:

@@ -72,6 +72,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.t0 = time.monotonic()
         self.mode, self.ratio, self.wanted_mode = "colocated", "", "colocated"
         self.trainer_phase = "waiting"  # runtime.naming.TRAINER_PHASES
+        self.ready_batches = 0  # rolled out, not yet taken by the trainer
         self.unfinished = 1.0
         self.batch_size = spec.workload.trajectories_per_batch
         self.response_tokens = int(round(spec.workload.response_tokens_per_turn.expected()))
@@ -124,7 +125,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
 
     def trainer_view(self) -> TrainerPhase:
         """The trainer as the planner sees it: waiting or not, and when it needs its GPUs."""
-        waiting = self.trainer_phase == "waiting"
+        waiting = self.trainer_phase == "waiting" and not self.ready_batches  # a finished batch: needed now
         started = self.batch_started.get(self.current_batch)
         elapsed = (time.monotonic() - started) * self.scale if started is not None else 0.0
         return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now(), waiting, elapsed, self.predicted_s))
@@ -223,6 +224,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
                     self.tracker.observe(tel)
                     self._refresh_inputs()
                 self.metrics.write("rollout_step", **tel.__dict__, error=tel.error, gen_tok_per_s=tel.generated_tokens / max(seconds, 1e-9), resumed_turns=self.resumed_turns, kv_handoffs=self.kv_handoffs)
+                self.ready_batches += 1
                 await queue.put((b, trajs, tel))
 
         try:

@@ -30,6 +30,7 @@ class TrainerLoop:
     async def _train_loop(self, steps: int, queue: asyncio.Queue, version_event: asyncio.Event) -> None:
         for _ in range(steps):
             b, trajs, tel = await queue.get()
+            self.ready_batches -= 1
             self.trainer_phase = "returning"
             home = self.ledger.trainer_needs(self.now())
             self.gpus_home.clear()

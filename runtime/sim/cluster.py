@@ -79,7 +79,8 @@ class ClusterSide:
 
     def trainer_view(self) -> TrainerPhase:
         """The trainer as the planner sees it: waiting or not, and when it needs its GPUs."""
-        waiting = self.phase == "waiting"
+        ready = self.next_step < len(self.batches) and self.batches[self.next_step].done_at is not None
+        waiting = self.phase == "waiting" and not ready  # a finished batch: the trainer needs its GPUs now
         elapsed = self.now - self.batches[-1].launched_at if self.batches else 0.0
         return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now, waiting, elapsed, self.predicted_s))
 
