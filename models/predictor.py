@@ -69,6 +69,12 @@ class BatchShape:
         """(K,) KV a trajectory holds at the end of turn k: what its engine must keep to cache it."""
         return self.prefix_tokens + self.new_tokens + self.response_tokens
 
+    def trajectory_tokens(self) -> float:
+        """Tokens of all the batch's trajectories at their end (what the trainer trains on)."""
+        ctx = self.context_tokens()
+        grown = np.diff(np.concatenate([[0.0], ctx]))
+        return float((self.active * grown).sum())
+
     def generated_tokens(self) -> float:
         return float(self.active.sum() * self.response_tokens)
 

@@ -15,7 +15,7 @@ import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.")
 
-COMMAND_MODULES = ["predict", "profile", "fit", "simulate", "compare", "plan", "train", "sweep"]
+COMMAND_MODULES = ["predict", "profile", "fit", "calibrate", "simulate", "compare", "plan", "train", "sweep"]
 
 
 @app.callback()

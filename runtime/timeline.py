@@ -72,6 +72,7 @@ def train_step_s(spec: ExperimentSpec, tokens: float) -> float:
 
 
 def expected_batch_tokens(spec: ExperimentSpec) -> float:
-    w = spec.workload
-    per = w.initial_prompt_tokens.expected() + w.turns.expected() * (w.new_tokens_per_turn.expected() + w.response_tokens_per_turn.expected())
-    return w.trajectories_per_batch * per
+    """Tokens the trainer gets from one batch: its trajectories cut at the token budget, as rolled out."""
+    from models.predictor import batch_shape
+
+    return batch_shape(spec.workload).trajectory_tokens()
