@@ -100,6 +100,18 @@ def test_emulated_engine_generates_keeps_prefix_on_abort_and_reuses_cache():
         again = await part.generate(GenRequest("b", prompt + (5, 6, 7), 10, "full"))
         assert again.cached_tokens == int(0.25 * 288)  # 9 full 32-token blocks of the 290 held
         await part.shutdown()
+        # memory pressure: with KV room for about one conversation, a second one evicts the
+        # first's blocks (least recently used), and the first's next turn prefills them again
+        from dataclasses import replace
+
+        tight = EmulatedEngine(step_model, "colocated", vocab=1000, time_scale=1.0)
+        tight._model.cfg = replace(tight._model.cfg, kv_capacity_tokens=400)
+        await tight.start()
+        a = await tight.generate(GenRequest("a", prompt, 20, "full"))
+        await tight.generate(GenRequest("x", tuple(range(2000, 2290)), 20, "full"))
+        back = await tight.generate(GenRequest("a2", prompt + a.token_ids + (5, 6, 7), 10, "full"))
+        assert back.cached_tokens == 0 and tight._model.cache.tokens <= 400
+        await tight.shutdown()
 
     asyncio.run(main())
 

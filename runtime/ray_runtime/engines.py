@@ -222,7 +222,6 @@ class EmulatedEngine:
         self._vocab, self._scale, self._block = vocab, time_scale, block
         self._hit = prefix_cache_hit  # the workload's share of a held prefix that hits (as simulator and predictor)
         self._rng = np.random.default_rng(seed)
-        self._prefix: set[bytes] = set()
         self._pending: dict[int, _Pending] = {}
         self._by_name: dict[str, int] = {}
         self._next = 0
@@ -242,18 +241,22 @@ class EmulatedEngine:
         return {"start_s": 0.0, "pid": os.getpid(), "bind": "emulated"}
 
     def _cached_prefix(self, ids: tuple[int, ...]) -> int:
+        """Longest prefix of whole blocks the engine model's prefix cache still holds (vLLM's
+        block-level prefix caching); the workload's hit share of it counts."""
+        cache = self._model.cache
         best = 0
         for n in range(self._block, len(ids), self._block):
-            if hash(ids[:n]).to_bytes(8, "little", signed=True) not in self._prefix:
+            if not cache.touch(hash(ids[:n])):
                 break
             best = n
         return int(self._hit * best)
 
     def _remember(self, ids: tuple[int, ...]) -> None:
-        if len(self._prefix) > 500_000:
-            self._prefix.clear()
+        """Cache this sequence's blocks in the KV the running requests leave free (LRU out)."""
+        cache = self._model.cache
         for n in range(self._block, len(ids), self._block):
-            self._prefix.add(hash(ids[:n]).to_bytes(8, "little", signed=True))
+            cache.put(hash(ids[:n]), self._block)
+        cache.shrink(self._model.free_kv_tokens())
 
     def _submit(self, p: _Pending, already: int = 0) -> None:
         from models.engine import Request
