@@ -6,6 +6,11 @@ batch time minus the time the batch has already run. The expected time is the pl
 prediction for the layout it chose (the layout may have just changed, so the last batches
 measured another one); the mean of the last few measured batches stands in when there is
 no prediction. A wrong prediction therefore shows up as a late return, measured.
+
+Within one batch the expected need time only moves earlier: the shortest prediction made
+since the batch began holds. Returning lent GPUs makes the next prediction (a fresh batch on
+fewer GPUs) longer, and without this the window that forced the return would reopen and
+lend the same GPUs again just before the batch ends.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ DUE_EPS_S = 1e-3  # the borrow window is open up to and including its closing in
 @dataclass
 class TrainerTimeline:
     batch_s: list[float] = field(default_factory=list)  # measured rollout batch durations, oldest first
+    batch_best_s: float = math.inf  # the shortest prediction made during the batch in rollout
 
     def batch_done(self, seconds: float) -> None:
         self.batch_s.append(float(seconds))
+        self.batch_best_s = math.inf
 
     def expected_batch_s(self, predicted_s: float) -> float:
         """The plan's prediction for the layout it chose; the recent measured mean without one."""
@@ -42,7 +49,10 @@ class TrainerTimeline:
         """Absolute time the trainer wants its GPUs (now unless it is waiting for a batch)."""
         if not waiting:
             return now
-        return now + max(self.expected_batch_s(predicted_s) - max(elapsed_s, 0.0), 0.0)
+        if math.isfinite(predicted_s):
+            self.batch_best_s = min(self.batch_best_s, predicted_s)
+        expected = self.expected_batch_s(min(predicted_s, self.batch_best_s) if math.isfinite(predicted_s) else predicted_s)
+        return now + max(expected - max(elapsed_s, 0.0), 0.0)
 
 
 def return_due_at(trainer: Any, inputs: Any, now: float, loans_out: bool) -> float | None:

@@ -92,7 +92,7 @@ def test_training_earlier_than_the_plan_assumed_is_a_measured_late_return():
     training step waits for its GPUs, and the run says so (counted and timed)."""
     m = _models()
     pred = m.predictor.colocated(16).completion_s
-    _, sim, r, seen = _borrowing_run(3.0 * pred, hours=0.2)
+    _, sim, r, seen = _borrowing_run(3.0 * pred, hours=1.5 * pred / 3600.0)  # past the first batch
     _assert_conserved(r)
     assert r.steps >= 1 and r.late_returns >= 2, r.summary()
     assert r.train_delay_s > 0 and all(d > 0 for d in sim.ledger.delays)
@@ -106,13 +106,14 @@ def test_simulator_agrees_with_predictor_on_steady_state_batches(mode, n):
         lay, pred = Layout("colocated", colocated=n), m.predictor.colocated(n).completion_s
     else:
         lay, pred = Layout("disaggregated", prefill=2, decode=n - 2), m.predictor.disaggregated(2, n - 2).completion_s
-    r = Simulator(m, FixedLayout(lay, _tp(m)), None, hours=2.0, rollout_only=True).run()
+    r = Simulator(m, FixedLayout(lay, _tp(m)), None, hours=7.0 * pred / 3600.0, rollout_only=True).run()
     batches = np.array(r.batch_times_s[1:])
-    assert len(batches) >= 10
+    assert len(batches) >= 5
     # The predictor takes disaggregated completion as max(prefill path, decode path); the
     # simulator also queues trajectories that reach a prefill engine together, so it is
     # slower by ~11% here (README, known gaps). Colocation has no such term.
-    # Colocated runs sit 9-11% above the predictor; which of the two seeds' router draws the
+    # Colocated runs sit a few % above the predictor at the calibrated batch of 1,024 (README:
+    # predictor vs simulator); which of the two seeds' router draws the
     # test sees moves it by ~1.5% (measured, 2026-11-30), hence 0.12 (issue 12/13 own the gap).
     bound = 0.12 if mode == "colocated" else 0.15
     assert abs(batches.mean() - pred) / pred <= bound, (batches.mean(), pred)
