@@ -84,7 +84,7 @@ class PearlPolicy:
     """Solve the program; borrow by Eq. 7; switch only past a hysteresis margin.
 
     borrow: training GPUs may serve rollout between updates, if (R/B)(T_ded - T_borrow)
-      exceeds lend + return cost (+ borrow_threshold_s); T_borrow is the optimum with
+      exceeds lend + return cost x transition_weight (+ borrow_threshold_s); T_borrow is the optimum with
       borrowing allowed (what would run), T_ded the optimum on dedicated GPUs only, both
       fresh-batch predictions. The toggle (lend + return) is charged once: gated policies
       solve with training-GPU starts priced without it and let Eq. 7 charge it in full;
@@ -146,7 +146,9 @@ class PearlPolicy:
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
         extras: dict = {"event": event}
-        toggle = inputs.costs.lend_s + inputs.costs.return_s
+        # the transition weight scales every transition price, the Eq. 7 toggle included: else a
+        # heavy weight would make loans (free in the gated objective) cheaper than elastic starts
+        toggle = (inputs.costs.lend_s + inputs.costs.return_s) * inputs.weights.transition_weight
         try:
             borrowed = self._solve(state, inputs, now_s, borrow=True) if can_borrow else None
             if borrowed is not None and borrowed[2].lent_gpus == 0 and not self.fixed_pd:

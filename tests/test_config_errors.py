@@ -12,7 +12,7 @@ import yaml
 from models.config import ConfigError, load_experiment
 
 EXPERIMENT = "experiments/pd-crossover.yaml"
-WORKLOAD = "workloads/swe-agentic.yaml"
+WORKLOAD = "workloads/paper-8b-calibrated.yaml"  # the default experiment's
 CLUSTER = "clusters/crossover-16xh800.yaml"
 
 

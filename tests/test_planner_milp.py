@@ -103,21 +103,28 @@ def test_time_limit_returns_the_best_feasible_with_its_gap() -> None:
     from pathlib import Path
 
     from models.builder import build_models
-    from models.config import load_experiment
+    from models.config import WorkloadSpec, load_experiment
     from planner.backends import solve_cpsat
+
+    def load_workload_file(path: Path) -> WorkloadSpec:
+        import yaml
+
+        return WorkloadSpec.model_validate(yaml.safe_load(path.read_text()))
     from planner.inputs import planning_inputs
     from planner.state import TrainerPhase, initial_state
 
     spec = load_experiment(Path(__file__).resolve().parents[1] / "configs/experiments/default.yaml")
-    inputs = planning_inputs(build_models(spec), 1024)
+    # a fixed program: the base workload, not the calibrated one (recalibration must not move CP-SAT's timings)
+    base = load_workload_file(Path(__file__).resolve().parents[1] / "configs/workloads/swe-agentic.yaml")
+    inputs = planning_inputs(build_models(spec.model_copy(update={"workload": base})), 1024)
     state = initial_state([(64, 8, "H800", "training"), (16, 8, "H800", "rollout"), (192, 2, "H800", "elastic")], TrainerPhase("training", 0.0))
     problem = build_problem(state.with_availability("elastic", 300), inputs, 0.0, Options(aggregate=False))
     best = solve(problem, "cbc", time_limit_s=60.0)
     assert best.status == "optimal"
     # One worker: CP-SAT's deterministic time is then reproducible (with 8 workers the same
     # limit ended before the first solution in some runs and at the optimum in others). With
-    # ortools 9.15.6755 this program has no solution up to 0.10, a feasible one at 0.105-0.12
-    # (gap 0.47 -> 0.008) and is proven optimal from 0.125 on.
+    # ortools 9.15.6755 this program has no solution up to 0.10, a feasible one at 0.11-0.12
+    # (gap 0.45 -> 0.008) and is proven optimal from 0.13 on.
     cut = solve_cpsat(problem, time_limit_s=60.0, workers=1, deterministic_limit_s=0.12)
     assert cut.status == "feasible", cut.status
     assert cut.best_bound_ms <= best.objective_ms <= cut.objective_ms

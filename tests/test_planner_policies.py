@@ -71,11 +71,11 @@ def test_forced_switch_bypasses_the_gate() -> None:
     assert all(t.count("prefill") + t.count("decode") <= 3 for t in d.targets)
 
 
-def _borrow_case(unfinished: float):
+def _borrow_case(unfinished: float, weight: float = 1.0):
     r = node("r", "rollout", 4)
     t = node("t", "training", 8)
     state = ClusterState(tuple(r + t), workers(["colocated"] * 2, r), TrainerPhase("waiting", 1e6), unfinished_fraction=unfinished)
-    inp = inputs({2: 200.0, 6: 150.0}, {}, {})  # T_ded = 200 s, with all training GPUs 150 s
+    inp = inputs({2: 200.0, 6: 150.0}, {}, {}, weight)  # T_ded = 200 s, with all training GPUs 150 s
     return state, inp
 
 
@@ -88,6 +88,10 @@ def test_borrow_gate_follows_eq7() -> None:
         assert d.extras["borrow"] is expect, frac
         assert abs(d.extras["borrow_benefit_s"] - frac * 50.0) < 1e-6
         assert (d.lent_gpus == 8) is expect and (step.plan.lent == 8) is expect
+    # the transition weight scales the toggle like every other transition price: at 0 any gain lends
+    state, inp = _borrow_case(0.15, weight=0.0)
+    free = get_policy("pearl").decide(state, inp, 0.0, "training_end").decision
+    assert free.extras["toggle_s"] == 0.0 and free.lent_gpus == 8
     state, inp = _borrow_case(1.0)
     assert get_policy("pearl-no-borrow").decide(state, inp, 0.0).decision.lent_gpus == 0
     # the trainer is training: nothing may be lent, whatever the gain

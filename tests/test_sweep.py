@@ -22,7 +22,9 @@ REAL_SIMULATE = sim_run.simulate
 
 @pytest.fixture(scope="module")
 def spec():
-    return load_experiment(CONFIG)
+    """The default experiment at 64 trajectories per batch: several steps fit in HOURS."""
+    base = load_experiment(CONFIG)
+    return base.model_copy(update={"workload": base.workload.model_copy(update={"trajectories_per_batch": 64})})
 
 
 @pytest.fixture
