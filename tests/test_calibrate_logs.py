@@ -223,3 +223,22 @@ def test_all_truncated_logs_fit_turns_as_a_lower_bound(tmp_path: Path) -> None:
     res = fit_workload([path])
     assert res.workload.turns.min == 3 and res.workload.turns.max == 5
     assert "lower bound" in res.field("turns").note
+
+
+def test_the_cli_fits_logs_and_writes_the_workload(pearl, tmp_path: Path) -> None:
+    """`pearl calibrate --logs`: what a user types; the base experiment fills what logs do not show."""
+    import json
+
+    log = tmp_path / "run.trajectories.jsonl"
+    write_sampled(log, SWE, 400)
+    out = tmp_path / "mine.yaml"
+    res = pearl("calibrate", "--logs", str(log), "--config", str(CONFIG_ROOT / "experiments/cpu-tiny.yaml"), "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["workload"] == str(out) and rep["trajectories"] == 400
+    fitted = WorkloadSpec.model_validate(yaml.safe_load(out.read_text()))
+    assert abs(fitted.response_tokens_per_turn.mean / SWE.response_tokens_per_turn.mean - 1) < 0.1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": 2}\n')
+    res = pearl("calibrate", "--logs", str(bad), "--out", str(tmp_path / "x.yaml"))
+    assert res.returncode == 2 and "line 1" in res.stderr and "Traceback" not in res.stderr
