@@ -37,6 +37,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="simulated hours per run (the paper's segments are 2 h)")
     ap.add_argument("--skypilot-hours", type=float, default=8.0)
+    ap.add_argument("--fixed-hours", type=float, default=8.0,
+                    help="simulated hours of the runs without a trace (ablations, batch sweep): their batches take up to an hour on few GPUs, "
+                         "so 2 h would hold one or two training steps and throughput would jump with whether the last one fits")
     ap.add_argument("--out", default=str(ROOT / "results/paper_table"))
     args = ap.parse_args()
 
@@ -138,20 +141,22 @@ def main() -> None:
         gains = []
         for b in (32, 64, 96, 128):
             spec_b = base.model_copy(update={"workload": base.workload.model_copy(update={"trajectories_per_batch": b * unit})})
-            p = run("paper-8b-batch-sweep", "pearl", spec=spec_b, key=f"batch{b}|pearl")
-            q = run("paper-8b-batch-sweep", "rlboost+", spec=spec_b, key=f"batch{b}|rlboost+")
+            p = run("paper-8b-batch-sweep", "pearl", hours=args.fixed_hours, spec=spec_b, key=f"batch{b}|pearl")
+            q = run("paper-8b-batch-sweep", "rlboost+", hours=args.fixed_hours, spec=spec_b, key=f"batch{b}|rlboost+")
             gains.append((b, gain(p, q)))
         add("PEARL vs RLBoost+ across batch 32-128", "+5.3% .. +63.7%", f"{min(g for _, g in gains):+.1f}% .. {max(g for _, g in gains):+.1f}%", "",
-            f"paper-8b-batch-sweep: 8B, 16 train + 8 dedicated GPUs, batch x {unit} trajectories", note=", ".join(f"B={b}: {g:+.1f}%" for b, g in gains))
+            f"paper-8b-batch-sweep: 8B, 16 train + 8 dedicated GPUs, batch x {unit} trajectories, {args.fixed_hours:g} h", note=", ".join(f"B={b}: {g:+.1f}%" for b, g in gains))
         prog.advance(task)
 
         # 7: ablation at 4 rollout GPUs (relative to ROLL's colocation on the same 4 GPUs)
         for cfg, label, forced_p, borrow_p in (("paper-8b-ablation-4gpu", "8B", -20.6, 93.6), ("paper-30b-ablation-4gpu", "30B-A3B", -30.9, 118.3)):
-            roll = run(cfg, "roll")
-            forced = run(cfg, "fixed:disaggregated:0:1:1")
-            borrow = run(cfg, "pearl-fixed-pd")
-            add(f"ablation {label}: forced disaggregation alone", f"{forced_p}%", gain(forced, roll), "%", f"{cfg}: 1P1D vs ROLL 2 colocated", forced_p)
-            add(f"ablation {label}: + borrowing (gated)", f"+{borrow_p}%", gain(borrow, roll), "%", f"{cfg}: pearl-fixed-pd vs ROLL", borrow_p)
+            roll = run(cfg, "roll", hours=args.fixed_hours)
+            forced = run(cfg, "fixed:disaggregated:0:1:1", hours=args.fixed_hours)
+            borrow = run(cfg, "pearl-fixed-pd", hours=args.fixed_hours)
+            add(f"ablation {label}: forced disaggregation alone", f"{forced_p}%", gain(forced, roll), "%", f"{cfg}: 1P1D vs ROLL 2 colocated, {args.fixed_hours:g} h", forced_p,
+                f"mean batch {forced.mean_batch_s:.0f} s vs {roll.mean_batch_s:.0f} s")
+            add(f"ablation {label}: + borrowing (gated)", f"+{borrow_p}%", gain(borrow, roll), "%", f"{cfg}: pearl-fixed-pd vs ROLL, {args.fixed_hours:g} h", borrow_p,
+                f"mean batch {borrow.mean_batch_s:.0f} s")
         prog.advance(task)
 
         # 8: our ablations on the main 8B setting, averaged over the three segments
