@@ -97,28 +97,35 @@ def main() -> None:
         add("[c] colocated decode tok/s per GPU (30B-A3B)", "~400", use.decode_tok_s / 2, "", "pd-crossover (predictor)", 400.0)
         prog.advance(task)
 
-        # 3: PD crossover: the pd_crossover experiment's results when present, else the predictor
-        pdx = ROOT / "results/pd_crossover.json"
+        # 3: PD crossover, measured in the simulator (every layout of 8 TP2 workers, from
+        # experiments/predictor_vs_sim.py when it covers the batch), the predictor's beside it
         spec = load_experiment(EXP / "pd-crossover.yaml")
-        table = {}
-        if pdx.exists():
-            table = {int(r["batch_size"]): (float(r["disaggregation_gain_pct"]), str(r["best_ratio"])) for r in json.loads(pdx.read_text())}
-        src = "results/pd_crossover.json (experiments/pd_crossover.py)" if table else "predictor"
-
         unit = max(spec.workload.trajectories_per_batch // 64, 1)
+        pvs = ROOT / "results/predictor_vs_sim.json"
+        simulated = {int(r["batch"]): r for r in json.loads(pvs.read_text())["results"]} if pvs.exists() else {}
 
-        def crossover(b: int) -> tuple[float, str]:
-            if b in table:
-                return table[b]
+        def crossover(b: int) -> tuple[float, str, str]:
+            """(gain of the best P:D split over colocation %, best split, where it comes from)."""
+            r = simulated.get(b * unit)
+            if r is not None:
+                col = next(x for x in r["layouts"] if x["mode"] == "colocated")
+                dis = min((x for x in r["layouts"] if x["mode"] == "disaggregated"), key=lambda x: x["simulated_s"])
+                return (col["simulated_s"] / dis["simulated_s"] - 1) * 100, dis["layout"], "simulator, results/predictor_vs_sim.json"
             m = build_models(spec, batch=b * unit)
-            dis = m.predictor.best_disaggregated(8)
-            return (m.predictor.colocated(8).completion_s / dis.completion_s - 1) * 100, f"{dis.prefill}P{dis.decode}D"
+            dis_p = m.predictor.best_disaggregated(8)
+            return (m.predictor.colocated(8).completion_s / dis_p.completion_s - 1) * 100, f"{dis_p.prefill}P{dis_p.decode}D", "predictor"
+
+        def predicted(b: int) -> str:
+            m = build_models(spec, batch=b * unit)
+            dis_p = m.predictor.best_disaggregated(8)
+            return f"predictor: {(m.predictor.colocated(8).completion_s / dis_p.completion_s - 1) * 100:+.1f}%, {dis_p.prefill}P{dis_p.decode}D"
 
         for b, pv in {32: 9.7, 80: 1.4, 96: -6.1}.items():
-            g, ratio = crossover(b)
-            add(f"disaggregation vs colocation, batch {b}", f"{pv:+.1f}%", g, "%", f"pd-crossover: 30B-A3B, 16 H800 = 8 TP2 workers, {b * unit} trajectories ({src})", pv, f"best {ratio}")
+            g, ratio, src = crossover(b)
+            add(f"disaggregation vs colocation, batch {b}", f"{pv:+.1f}%", g, "%", f"pd-crossover: 30B-A3B, 16 H800 = 8 TP2 workers, {b * unit} trajectories ({src})", pv, f"best {ratio}; {predicted(b)}")
         for b, best in ((48, "4P4D"), (64, "5P3D")):
-            add(f"best P:D ratio at batch {b}", best, crossover(b)[1], "", f"pd-crossover ({src})")
+            _, ratio, src = crossover(b)
+            add(f"best P:D ratio at batch {b}", best, ratio, "", f"pd-crossover, {b * unit} trajectories ({src})", note=predicted(b))
         prog.advance(task)
 
         # 4-5: main setting, per model and Bamboo segment
