@@ -150,7 +150,6 @@ class PrefixCache:
 
     entries: OrderedDict = field(default_factory=OrderedDict)
     tokens: float = 0.0
-    evicted_tokens: float = 0.0
 
     def put(self, key: Hashable, tokens: float, width: int = 1) -> None:
         self.take(key)
@@ -179,7 +178,6 @@ class PrefixCache:
         while self.entries and self.tokens > limit + 1e-9:
             _, (tok, width) = self.entries.popitem(last=False)
             self.tokens -= tok * width
-            self.evicted_tokens += tok * width
         if not self.entries:
             self.tokens = 0.0
 

@@ -229,13 +229,12 @@ class RolloutPredictor:
         a, b, _, w = self._decode_affine(engine)
         return a + b * c + w * arch.experts_touched(engine.llm, c)
 
-    def _single_prefill(self, engine: StepLatencyModel, disaggregated: bool = False) -> np.ndarray:
-        key = ("p1", id(engine), disaggregated)
-        if key not in self._cache:
-            s = self.shape
-            new, prefix = s.prefill_engine_tokens() if disaggregated else (s.new_tokens, s.prefix_tokens)
-            self._cache[key] = engine.prefill_time(new, 1.0, prefix)
-        return self._cache[key]
+    def _single_pd_prefill(self) -> np.ndarray:
+        """A trajectory's own prefill per turn on an unloaded prefill instance (the decode path's part)."""
+        if "p1" not in self._cache:
+            new, prefix = self.shape.prefill_engine_tokens()
+            self._cache["p1"] = self.prefill_engine.prefill_time(new, 1.0, prefix)
+        return self._cache["p1"]
 
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
         return tokens * arch.kv_bytes_per_token(engine.llm) / (self.kv_link_gb_s * 1e9)
@@ -289,28 +288,28 @@ class RolloutPredictor:
         t = np.where(cap < 1.0, np.inf, t)
         return t, c
 
-    def colocated_many(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Completion (s) and mean decode concurrency for each instance count in n."""
+    def _colocated_turns(self, n: np.ndarray):
+        """Per instance count (rows) and turn (columns): trajectories per instance m, the (new,
+        prefix) tokens memory pressure leaves, the engine's prefill work, turn time and concurrency."""
         eng = self.colocated_engine
         s = self.shape
-        n = np.asarray(n, dtype=float)[:, None]
-        m = np.maximum(s.active[None, :] / n, 1.0)
+        m = np.maximum(s.active[None, :] / np.asarray(n, dtype=float)[:, None], 1.0)
         new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
         p_busy = eng.prefill_time(m * new, m, m * prefix)
         fixed = s.env_s + eng.prefill_time(new, 1.0, prefix)
         t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
+        return m, new, prefix, p_busy, t, c
+
+    def colocated_many(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Completion (s) and mean decode concurrency for each instance count in n."""
+        *_, t, c = self._colocated_turns(n)
         return t.sum(axis=1), c.mean(axis=1)
 
     def colocated_engine_use(self, n: int) -> EngineUse:
         """What an engine trace of n colocated instances would report (diagnostics, not decisions)."""
         eng = self.colocated_engine
         s = self.shape
-        nn = np.array([float(n)])[:, None]
-        m = np.maximum(s.active[None, :] / nn, 1.0)
-        new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
-        p_busy = eng.prefill_time(m * new, m, m * prefix)
-        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix)
-        _, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
+        m, new, prefix, p_busy, _, c = self._colocated_turns(np.array([n]))
         decode_busy = m * s.response_tokens * self._tau(eng, np.maximum(c, 1.0)) / np.maximum(c, 1.0)
         prefilled = float((m * new).sum())
         decoded = float((m * s.response_tokens).sum())
@@ -338,7 +337,7 @@ class RolloutPredictor:
         new_p, prefix_p = s.prefill_engine_tokens()
         # a context the decode instance evicted crosses the link again with the new tokens
         sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
-        fixed = s.env_s + self._single_prefill(self.prefill_engine, disaggregated=True)[None, :] + self._kv_send_s(sent, self.prefill_engine)
+        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine)
         t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
         return t.sum(axis=1), c.mean(axis=1)
 
@@ -347,10 +346,10 @@ class RolloutPredictor:
         s = self.shape
         n = np.asarray(n_p, dtype=float)[:, None]
         m = s.active[None, :] / n
-        new_p, prefix_p = s.prefill_engine_tokens()
-        new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), new_p, prefix_p, new_p + prefix_p)
+        fresh, cached = s.prefill_engine_tokens()
+        new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), fresh, cached, fresh + cached)
         busy = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)
-        send = self._kv_send_s(m * s.prefill_engine_tokens()[0], eng)
+        send = self._kv_send_s(m * fresh, eng)  # the decode side's re-sends are on its own path
         last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
         return (busy + send).sum(axis=1) + last
 

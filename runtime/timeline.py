@@ -50,9 +50,8 @@ class TrainerTimeline:
         if not waiting:
             return now
         if math.isfinite(predicted_s):
-            self.batch_best_s = min(self.batch_best_s, predicted_s)
-        expected = self.expected_batch_s(min(predicted_s, self.batch_best_s) if math.isfinite(predicted_s) else predicted_s)
-        return now + max(expected - max(elapsed_s, 0.0), 0.0)
+            self.batch_best_s = predicted_s = min(self.batch_best_s, predicted_s)
+        return now + max(self.expected_batch_s(predicted_s) - max(elapsed_s, 0.0), 0.0)
 
 
 def return_due_at(trainer: Any, inputs: Any, now: float, loans_out: bool) -> float | None:

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from models.config import CONFIG_ROOT, ConfigError, WorkloadSpec, load_experiment
-from runtime.calibration.from_logs import DIST_FIELDS, fit_workload, workload_yaml
+from runtime.calibration.from_logs import fit_workload, workload_yaml
+from runtime.calibration.workload_file import DIST_FIELDS
 from runtime.calibration.trajectory_log import TrajectoryLogWriter, TrajectoryRecord, log_path_for, read_records
 from runtime.sim.workload import TrajectorySampler
 

@@ -84,3 +84,12 @@ def test_the_paper_calibration_set_holds_no_held_out_result() -> None:
     assert metrics <= {"training_step_s", "rollout_over_training", "rollout_cut_pct", "rollout_share_pct", "mean_trajectory_s",
                        "prefill_token_share_pct", "prefill_time_share_pct", "decode_tok_s_per_gpu"}
     assert {t.value for t in tf.targets.values()} == {163.8, 5.7, 4.5, 10.3, 8.9, 81.8, 216.3, 96.68, 26.48, 400.0}
+
+
+def test_a_targets_file_naming_a_missing_workload_is_one_clear_error(pearl, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    doc = yaml.safe_load(_targets_file(tmp_path).read_text())
+    doc["workload"] = "swe-agentik"
+    bad.write_text(yaml.safe_dump(doc))
+    res = pearl("calibrate", "--targets", str(bad), "--out", str(tmp_path / "x.yaml"))
+    assert res.returncode == 2 and "field 'workload'" in res.stderr and "swe-agentic" in res.stderr and "Traceback" not in res.stderr

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from scipy.special import ndtr
 
 from models.config import ConfigError, Distribution, WorkloadSpec
 from runtime.calibration.trajectory_log import TrajectoryRecord, read_records
+from runtime.calibration.workload_file import render_workload
 
 CONSTANT_CV = 0.01  # below this the data are one value (measurement noise aside)
 SIG_DIGITS = 4  # fitted numbers are rounded so the rendered YAML is the fitted spec exactly
@@ -256,9 +256,6 @@ def _sig(v: float, digits: int = SIG_DIGITS) -> float:
 
 
 # ----------------------------------------------------------------------------- rendering
-DIST_FIELDS = ("turns", "initial_prompt_tokens", "new_tokens_per_turn", "response_tokens_per_turn", "env_latency_s")
-
-
 def workload_yaml(result: FitResult, source: str) -> str:
     """A `configs/workloads/*.yaml` file: a header saying where it came from, then the spec."""
     w = result.workload
@@ -274,9 +271,4 @@ def workload_yaml(result: FitResult, source: str) -> str:
         o, p = f.observed, f.fitted
         lines.append(f"#   {f.name}: {o.mean:.4g} / {o.p50:.4g} / {o.p90:.4g} / {o.max:.4g}  vs  {p.mean:.4g} / {p.p50:.4g} / {p.p90:.4g} / {p.max:.4g}"
                      + (f"  ({f.note})" if f.note else ""))
-    data = w.model_dump(exclude_none=True)
-    plain = {k: v for k, v in data.items() if k not in DIST_FIELDS}
-    body = yaml.safe_dump({k: plain[k] for k in ("trajectories_per_batch", "group_size")}, sort_keys=False)
-    body += yaml.safe_dump({k: data[k] for k in DIST_FIELDS}, sort_keys=False, default_flow_style=None, width=200)
-    body += yaml.safe_dump({k: plain[k] for k in ("max_trajectory_tokens", "prefix_cache_hit")}, sort_keys=False)
-    return "\n".join(lines) + "\n" + body
+    return render_workload(lines, w)

@@ -27,7 +27,7 @@ from typing import Annotated, Callable, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, Frozen, PositiveFloat, _read_yaml, _validate, load_experiment
+from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, Frozen, PositiveFloat, _read_yaml, _validate, load_experiment
 
 Metric = Literal[
     "training_step_s",  # one optimizer step on the experiment's training pool
@@ -114,6 +114,9 @@ def load_targets(path: Path) -> TargetsFile:
     for name in {spec.experiment, *(t.setting.experiment for t in spec.targets.values() if t.setting.experiment)}:
         if not (CONFIG_ROOT / "experiments" / f"{name}.yaml").exists():
             raise ConfigError(path, "experiment", name, f"one of {sorted(p.stem for p in (CONFIG_ROOT / 'experiments').glob('*.yaml'))}")
+        if spec.workload is not None and not (CONFIG_ROOT / "workloads" / f"{spec.workload}.yaml").exists():
+            raise ConfigError(path, "workload", spec.workload, f"one of {sorted(p.stem for p in (CONFIG_ROOT / 'workloads').glob('*.yaml'))}")
+        base_spec(name, spec.workload)  # a broken experiment or workload file is an error here, not a failed fit point
     return spec
 
 
@@ -138,19 +141,25 @@ def apply(spec: ExperimentSpec, values: dict[str, float]) -> ExperimentSpec:
 
 
 @lru_cache(maxsize=16)
-def _experiment(name: str) -> ExperimentSpec:
-    return load_experiment(CONFIG_ROOT / "experiments" / f"{name}.yaml")
+def base_spec(experiment: str, workload: str | None) -> ExperimentSpec:
+    """A target's setting before fitting: the experiment, on the targets file's base workload
+    if it names one (read once: the fit evaluates thousands of points)."""
+    spec = load_experiment(CONFIG_ROOT / "experiments" / f"{experiment}.yaml")
+    if workload is None:
+        return spec
+    path = CONFIG_ROOT / "workloads" / f"{workload}.yaml"
+    return spec.model_copy(update={"workload": _validate(type(spec.workload), _read_yaml(path), path)})
 
 
 # ----------------------------------------------------------------------------- evaluating
 def predicted(spec: ExperimentSpec, t: Target, models=None) -> float:
     """The predictor's value of one target metric."""
     from models.builder import build_models
-    from runtime.timeline import expected_batch_tokens, train_step_s
+    from runtime.timeline import train_step_s
 
     m = models or build_models(spec)
     p, tp = m.predictor, m.tp_colocated
-    train = train_step_s(spec, expected_batch_tokens(spec))
+    train = train_step_s(spec, p.shape.trajectory_tokens())  # the tokens the trainer gets (runtime.timeline.expected_batch_tokens)
     roll = lambda gpus: p.colocated(max(gpus // tp, 1)).completion_s  # noqa: E731
     return _metric(t, roll, train, lambda: p.mean_trajectory_s(), lambda g: p.colocated_engine_use(max(g // tp, 1)), tp)
 
@@ -230,11 +239,12 @@ class Calibration:
 
 
 def _spec_for(tf: TargetsFile, t: Target, values: dict[str, float]) -> ExperimentSpec:
-    base = _experiment(t.setting.experiment or tf.experiment)
-    if tf.workload:
-        wl = _read_yaml(CONFIG_ROOT / "workloads" / f"{tf.workload}.yaml")
-        base = base.model_copy(update={"workload": type(base.workload).model_validate(wl)})
-    return apply(base, values)
+    return apply(base_spec(t.setting.experiment or tf.experiment, tf.workload), values)
+
+
+def _rms_pct(got: dict[str, float], targets: dict[str, float], names) -> float:
+    """Root mean square of log(model / target) over `names`, in percent."""
+    return float(np.sqrt(np.mean([math.log(got[n] / targets[n]) ** 2 for n in names]))) * 100.0
 
 
 def _predict_all(tf: TargetsFile, values: dict[str, float]) -> dict[str, float]:
@@ -286,8 +296,7 @@ def _fit_candidate(tf: TargetsFile, cand: Candidate, goal: dict[str, float], sta
     assert best is not None
     vals = values_at(best.x)
     got = _predict_all(tf, vals)
-    rms = float(np.sqrt(np.mean([math.log(got[n] / tf.targets[n].value) ** 2 for n in tf.targets]))) * 100.0
-    return CandidateFit(cand.name, vals, got, rms)
+    return CandidateFit(cand.name, vals, got, _rms_pct(got, {n: t.value for n, t in tf.targets.items()}, tf.targets))
 
 
 def calibrate(tf: TargetsFile, simulate: bool = True, rounds: int = 3, progress: Callable[[str], None] | None = None) -> Calibration:
@@ -306,21 +315,18 @@ def calibrate(tf: TargetsFile, simulate: bool = True, rounds: int = 3, progress:
     best_fit, best_sim, best_err, done = chosen, _simulate_all(tf, chosen.values, sim_names), math.inf, 0
     current, sim = chosen, best_sim
     for k in range(rounds + 1):
-        err = float(np.sqrt(np.mean([math.log(sim[n] / tf.targets[n].value) ** 2 for n in sim_names]))) if sim_names else 0.0
+        err = _rms_pct(sim, goal, sim_names) if sim_names else 0.0
         if err < best_err:
             best_fit, best_sim, best_err, done = current, sim, err, k
         if k == rounds or not sim_names:
             break
-        say(f"simulator round {k + 1}: rms {err * 100:.1f}%")
+        say(f"simulator round {k + 1}: rms {err:.1f}%")
         # output space mapping: ask the predictor for what makes the simulator hit the target
         corrected = dict(goal)
         for n in sim_names:
             corrected[n] = goal[n] * current.predicted[n] / sim[n]
-        current = _fit_candidate(tf, cand, corrected, start=current.values, starts=1)
-        current = CandidateFit(current.name, current.values, _predict_all(tf, current.values), current.rms_pct)
+        current = _fit_candidate(tf, cand, corrected, start=current.values, starts=1)  # its rms is against the true targets
         sim = _simulate_all(tf, current.values, sim_names)
-    rms = float(np.sqrt(np.mean([math.log(best_fit.predicted[n] / tf.targets[n].value) ** 2 for n in tf.targets]))) * 100.0
-    best_fit = CandidateFit(best_fit.name, best_fit.values, best_fit.predicted, rms)
     return Calibration(tf, best_fit, tuple(fits), best_sim, done)
 
 
@@ -360,19 +366,14 @@ def report(cal: Calibration, workload_path: str) -> dict:
     }
 
 
-def workload_yaml(cal: Calibration, base: ExperimentSpec, targets_path: str, command: str) -> str:
+def workload_yaml(cal: Calibration, targets_path: str, command: str) -> str:
     """A configs/workloads file with the fitted values and a header saying where they came from."""
     import datetime
 
-    import yaml
+    from runtime.calibration.workload_file import render_workload
 
-    spec = apply(base, {k: v for k, v in cal.chosen.values.items()})
-    w = spec.workload.model_dump(exclude_none=True)
-    for k, v in list(w.items()):
-        if isinstance(v, dict):
-            w[k] = {a: (round(b, 4) if isinstance(b, float) else b) for a, b in v.items() if b is not None}
-        elif isinstance(v, float):
-            w[k] = round(v, 4)
+    tf = cal.file
+    spec = apply(base_spec(tf.experiment, tf.workload), {k: round(v, 4) for k, v in cal.chosen.values.items()})
     rep = report(cal, "")
     lines = [
         f"# Calibrated by `{command}` on {datetime.date.today().isoformat()}",
@@ -388,8 +389,4 @@ def workload_yaml(cal: Calibration, base: ExperimentSpec, targets_path: str, com
         lines.append("# Fitted outside the workload (set them in the experiment): " + ", ".join(f"{k} = {v:.4g}" for k, v in extra.items()))
     if cal.file.held_out:
         lines.append("# Held out, never used to fit: " + "; ".join(cal.file.held_out))
-    return "\n".join(lines) + "\n" + yaml.safe_dump(w, sort_keys=False, default_flow_style=None)
-
-
-def distribution_summary(d: Distribution) -> str:
-    return f"{d.kind}(mean {d.mean:g}, cv {d.cv:g})"
+    return render_workload(lines, spec.workload)

@@ -47,14 +47,14 @@ def calibrate(
         return
     from rich.console import Console
 
-    from runtime.calibration.targets import _experiment, calibrate as run_calibration, load_targets, report, workload_yaml as targets_yaml
+    from runtime.calibration.targets import calibrate as run_calibration, load_targets, report, workload_yaml as targets_yaml
 
     assert targets is not None
     tf = load_targets(targets)
     err = Console(stderr=True)
     with err.status("calibrating") as status:
         cal = run_calibration(tf, simulate=simulate, progress=lambda msg: status.update(f"calibrating: {msg}"))
-    out.write_text(targets_yaml(cal, _experiment(tf.experiment), str(targets), command))
+    out.write_text(targets_yaml(cal, str(targets), command))
     rep = report(cal, str(out))
     if as_json:
         print_json(rep)
