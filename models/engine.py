@@ -68,7 +68,8 @@ class StepCost:
 
         def scaled(c: object) -> tuple[float, ...]:
             v = c.vector()  # type: ignore[attr-defined]
-            return (float(v[0]), float(v[1]) / peak, float(v[2]) / peak, float(v[3]) / hbm, float(v[4]) / hbm, float(v[5]))
+            fixed, requests, compute, attn, weights, kv, comm = (float(x) for x in v)
+            return (fixed, requests, compute / peak, attn / peak, weights / hbm, kv / hbm, comm)
 
         return cls(
             p=scaled(m.profile.prefill),
@@ -101,11 +102,12 @@ class StepCost:
             weights += self.experts * (1.0 - (1.0 - self.active / self.experts) ** max(tok, 0.0)) * self.expert_bytes
         return (
             c[0]
-            + c[1] * (self.two_a * tok + self.two_hv * sampled)
-            + c[2] * self.attn_k * pairs
-            + c[3] * weights
-            + c[4] * self.kvb * (prefix_tokens + decode_context + tok)
-            + c[5] * self.comm_k * tok
+            + c[1] * sampled
+            + c[2] * (self.two_a * tok + self.two_hv * sampled)
+            + c[3] * self.attn_k * pairs
+            + c[4] * weights
+            + c[5] * self.kvb * (prefix_tokens + decode_context + tok)
+            + c[6] * self.comm_k * tok
         )
 
     def decode_affine(self, c: int) -> tuple[float, float]:

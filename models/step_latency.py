@@ -5,8 +5,10 @@ tokens (possibly on top of a cached prefix) and some decode sequences. Its time 
 
     t = fixed + sum_i c_i * feature_i
 
-where each feature is a datasheet time (FLOPs / peak, bytes / bandwidth) and each c_i >= 0
-is fitted to measurements (`pearl fit`). Prefill-bearing and decode-only steps have their
+where each feature is a datasheet time (FLOPs / peak, bytes / bandwidth) or, for
+"requests", the count of sequences the step samples (each costs the engine host-side
+scheduling, sampling and output handling that no datasheet term sees: seconds per
+request), and each c_i >= 0 is fitted to measurements (`pearl fit`). Prefill-bearing and decode-only steps have their
 own coefficient sets because their kernels reach very different efficiency.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 from models import architecture as arch
 from models.config import GPUSpec, LLMSpec
 
-FEATURES: tuple[str, ...] = ("fixed", "compute", "attn", "weights", "kv", "comm")
+FEATURES: tuple[str, ...] = ("fixed", "requests", "compute", "attn", "weights", "kv", "comm")
 StepKind = Literal["prefill", "decode"]
 
 
@@ -58,6 +60,7 @@ def step_features(shape: StepShape, llm: LLMSpec, gpu: GPUSpec, tp: int) -> np.n
     kv_tokens = np.asarray(shape.prefill_prefix_tokens, dtype=float) + np.asarray(shape.decode_context_tokens, dtype=float) + tokens
     cols = [
         np.ones_like(tokens),
+        sampled,
         arch.matmul_flops(llm, tokens, sampled) / peak,
         arch.attention_flops(llm, tokens, shape.attended_pairs()) / peak,
         arch.weight_bytes_read(llm, tokens) / hbm,
@@ -72,6 +75,7 @@ class StepCoefficients:
     """Non-negative multipliers of each feature (fixed is in seconds)."""
 
     fixed: float = 0.0
+    requests: float = 0.0  # seconds per sampled sequence; 0 in datasheet-derived profiles
     compute: float = 1.0
     attn: float = 1.0
     weights: float = 1.0
