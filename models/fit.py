@@ -33,6 +33,9 @@ class StepSample:
     decode_seqs: float
     decode_context_tokens: float
     seconds: float
+    # Median relative deviation of the repeats from `seconds` (0: one repeat, or not recorded):
+    # the measurement's own noise, below which no fit can be judged.
+    repeat_spread: float = 0.0
 
     def shape(self) -> StepShape:
         return StepShape(self.prefill_tokens, self.prefill_requests, self.prefill_prefix_tokens, self.decode_seqs, self.decode_context_tokens)
@@ -62,7 +65,7 @@ def read_samples(path: str | Path) -> tuple[dict, list[StepSample]]:
             raise ConfigError(path, f"line {lineno}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
         if obj["kind"] not in ("prefill", "decode") or not obj["seconds"] > 0:
             raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode and seconds > 0")
-        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}))
+        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}, repeat_spread=float(obj.get("repeat_spread", 0.0))))
     if not samples:
         raise ConfigError(path, "<samples>", 0, "at least one sample line")
     return header, samples
@@ -74,7 +77,7 @@ def write_samples(path: str | Path, header: dict, samples: Iterable[StepSample])
     with path.open("w") as fh:
         fh.write(json.dumps({"header": header}) + "\n")
         for s in samples:
-            fh.write(json.dumps({f: getattr(s, f) for f in SAMPLE_FIELDS}) + "\n")
+            fh.write(json.dumps({f: getattr(s, f) for f in (*SAMPLE_FIELDS, "repeat_spread")}) + "\n")
 
 
 def _design(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,6 +108,11 @@ def mape(samples: list[StepSample], coeffs: StepCoefficients, llm: LLMSpec, gpu:
     return float(np.mean(np.abs(pred - y) / y) * 100)
 
 
+def repeat_noise_pct(samples: list[StepSample]) -> float:
+    """Mean repeat spread (%) of the samples: how far one measurement of a shape strays."""
+    return float(np.mean([s.repeat_spread for s in samples]) * 100) if samples else float("nan")
+
+
 def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepSample], list[StepSample]]:
     """Deterministic split: every `every`-th sample (per kind) is held out."""
     train: list[StepSample] = []
@@ -123,6 +131,7 @@ class FitReport:
     holdout_mape: dict[str, float]
     n_train: dict[str, int]
     n_holdout: dict[str, int]
+    repeat_noise: dict[str, float]
 
 
 def fit_profile(
@@ -143,6 +152,7 @@ def fit_profile(
     ho_m: dict[str, float] = {}
     n_tr: dict[str, int] = {}
     n_ho: dict[str, int] = {}
+    noise: dict[str, float] = {}
     for kind in ("prefill", "decode"):
         tr = [s for s in train if s.kind == kind]
         ho = [s for s in test if s.kind == kind]
@@ -153,6 +163,7 @@ def fit_profile(
         tr_m[kind] = mape(tr, c, llm, gpu, tp)
         ho_m[kind] = mape(ho, c, llm, gpu, tp)
         n_tr[kind], n_ho[kind] = len(tr), len(ho)
+        noise[kind] = repeat_noise_pct(tr + ho)
     profile = EngineProfile(
         name=name,
         hardware=hardware,
@@ -162,6 +173,6 @@ def fit_profile(
         decode=coeffs["decode"],
         machine=machine,
         notes=f"fitted by `pearl fit` on {len(samples)} samples (tp={tp})",
-        fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
+        fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "repeat_noise_pct": noise, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
     )
-    return FitReport(profile, tr_m, ho_m, n_tr, n_ho)
+    return FitReport(profile, tr_m, ho_m, n_tr, n_ho, noise)

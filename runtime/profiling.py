@@ -33,7 +33,9 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                "repeats": int, "decode_steps": int, "points": int},
       "engine": {dtype, load_format, max_model_len, block_size, max_num_batched_tokens,
                  enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind, seed,
-                 clock ("wall", "thread" or "served": what "seconds" below measured)},
+                 clock ("wall", "thread" or "served": what "seconds" below measured),
+                 engines (served engines measured at once on this machine),
+                 load ("none", or "mirror": every engine ran the same point at the same time)},
       "engine_start_s": seconds, "wall_s": seconds the whole run took,
       "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
   then one object per measured step shape:
@@ -43,7 +45,9 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
        "prefill_prefix_tokens": cached prefix tokens they attend to (sum over requests),
        "decode_seqs": sequences decoded in the step,
        "decode_context_tokens": KV tokens those sequences attend to (sum, at the mean step),
-       "seconds": median step time}
+       "seconds": median step time,
+       "repeat_spread": median relative deviation of the repeats from that median (the
+                        measurement's noise; optional, 0 when not recorded)}
   A prefill sample has decode_seqs = 0; a decode sample has prefill_tokens = 0.
 """
 
@@ -122,6 +126,14 @@ class EngineSettings:
     cpu_threads_bind: str = "auto"
     seed: int = 0
     clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point; "served": runtime.profiling_served
+    engines: int = 1  # served only: engines measured at once on one machine, each under the others' load
+
+    def engine_bindings(self) -> list[str]:
+        """Engine i's VLLM_CPU_OMP_THREADS_BIND: the i-th '|'-separated part of cpu_threads_bind."""
+        if self.cpu_threads_bind == "auto":
+            return ["auto"] * self.engines
+        parts = self.cpu_threads_bind.split("|")
+        return [parts[i % len(parts)] for i in range(self.engines)]
 
     def engine_kwargs(self) -> dict[str, Any]:
         return dict(
@@ -181,6 +193,12 @@ def machine_detail() -> dict[str, Any]:
 def describe_machine(detail: dict[str, Any]) -> str:
     where = detail["gpu"] or f"{detail['cpu']} ({detail['cores']} cores)"
     return f"{detail['host']}: {where}; vllm {detail['vllm']}, torch {detail['torch']}"
+
+
+def _spread(values: list[float]) -> float:
+    """Median relative deviation from the median: the repeats' noise, robust to one outlier."""
+    mid = statistics.median(values)
+    return statistics.median(abs(v - mid) / mid for v in values) if mid > 0 else 0.0
 
 
 @dataclass
@@ -295,6 +313,7 @@ class EngineProfiler:
             decode_seqs=0.0,
             decode_context_tokens=0.0,
             seconds=statistics.median(r.prefill_s for r in runs),
+            repeat_spread=_spread([r.prefill_s for r in runs]),
         )
         # Decode step j (1..k) attends to c + l + j tokens per sequence; mean over the k steps.
         mean_ctx = c + l + (decode_steps + 1) / 2.0
@@ -306,6 +325,7 @@ class EngineProfiler:
             decode_seqs=float(n),
             decode_context_tokens=float(n * mean_ctx),
             seconds=statistics.median(statistics.median(r.decode_s) for r in runs),
+            repeat_spread=_spread([statistics.median(r.decode_s) for r in runs]),
         )
         return prefill, decode
 
@@ -366,6 +386,7 @@ def profile_engine(
 def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: str, facts: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:
     engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
     engine["prefix_caching"] = True
+    engine["load"] = "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
     return {
         "model_dir": str(settings.model_dir),
         "model": model,

@@ -6,6 +6,12 @@ serialization, the client's output handler sharing the machine): ~1.9x for the t
 model's decode step on this 2-core machine (experiments/step_cadence.py). A profile fitted
 on served samples is what predictions of real rollouts need.
 
+With `engines` > 1 it starts that many engines at once, engine i pinned to the i-th part of
+`cpu_threads_bind` ("0|1": vLLM's per-rank separator), and runs every point on all of them at
+the same moment: each step is measured while the other engines run the same step (load
+"mirror"), as co-located rollout engines run in a deployment. Samples pool the requests of
+every engine. A profile fitted on them predicts that deployment, not a lone engine.
+
 Same grid and same samples as the in-process profiler; only the measurement differs:
   - the n requests of a point are submitted while the scheduler is paused
     (`pause_generation(mode="keep", clear_cache=False)`, which keeps the warmed prefixes)
@@ -32,23 +38,24 @@ from runtime.profiling import EngineSettings, GridPoint, _Run
 
 @dataclass
 class ServedProfiler:
-    """Owns one AsyncLLM (engine core in its own process) and measures its steps."""
+    """Owns `settings.engines` AsyncLLMs (engine cores in their own processes) and measures their steps."""
 
     settings: EngineSettings
     engine_start_s: float = field(default=0.0, init=False)
-    _engine: Any = field(default=None, init=False, repr=False)
+    _engines: list[Any] = field(default_factory=list, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop, init=False, repr=False)
     _rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0), init=False, repr=False)
     _ids: Iterator[int] = field(default_factory=lambda: iter(range(1 << 62)), init=False, repr=False)
 
     def start(self) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.kv_cache_gib)
-        if self.settings.cpu_threads_bind != "auto":
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_threads_bind
         t0 = time.perf_counter()
-        self._engine = self._loop.run_until_complete(self._make())
+        for bind in self.settings.engine_bindings():
+            if bind != "auto":  # read when the engine core process starts
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            self._engines.append(self._loop.run_until_complete(self._make()))
         self.engine_start_s = time.perf_counter() - t0
-        self._vocab = int(self._engine.model_config.get_vocab_size())
+        self._vocab = int(self._engines[0].model_config.get_vocab_size())
 
     async def _make(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -57,9 +64,9 @@ class ServedProfiler:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_kwargs()))
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+        for engine in self._engines:
+            engine.shutdown()
+        self._engines = []
         pending = asyncio.all_tasks(self._loop)  # the engine's output handler
         for task in pending:
             task.cancel()
@@ -69,34 +76,45 @@ class ServedProfiler:
     def _tokens(self, n: int) -> list[int]:
         return self._rng.integers(16, self._vocab, size=n).tolist()
 
-    async def _one(self, prompt: list[int], max_tokens: int) -> Any:
+    async def _one(self, engine: Any, prompt: list[int], max_tokens: int) -> Any:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
         last = None
-        async for out in self._engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{next(self._ids)}"):
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{next(self._ids)}"):
             last = out
         return last
 
-    async def _batch(self, prompts: list[list[int]], max_tokens: int) -> list[Any]:
-        """Submit every prompt while the scheduler is paused, then release them together."""
-        await self._engine.pause_generation(mode="keep", clear_cache=False)
-        tasks = [asyncio.ensure_future(self._one(p, max_tokens)) for p in prompts]
-        await asyncio.sleep(0.05 + 0.002 * len(prompts))  # every request reaches the paused core
-        await self._engine.resume_generation()
-        return list(await asyncio.gather(*tasks))
+    async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Any]]:
+        """Submit engine i's prompts[i] while every scheduler is paused, then release them together."""
+        for engine in self._engines:
+            await engine.pause_generation(mode="keep", clear_cache=False)
+        tasks = [[asyncio.ensure_future(self._one(engine, p, max_tokens)) for p in ps] for engine, ps in zip(self._engines, prompts)]
+        await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # every request reaches its paused core
+        await asyncio.gather(*(engine.resume_generation() for engine in self._engines))
+        return [list(await asyncio.gather(*ts)) for ts in tasks]
+
+    def _each(self, make: Any) -> list[list[list[int]]]:
+        return [make() for _ in self._engines]
 
     def warm_up(self) -> None:
         for n in (1, 4):
-            self._loop.run_until_complete(self._batch([self._tokens(64) for _ in range(n)], 4))
+            self._loop.run_until_complete(self._batch(self._each(lambda: [self._tokens(64) for _ in range(n)]), 4))
 
     def run_point(self, point: GridPoint, decode_steps: int) -> _Run:
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
-        prefixes = [self._tokens(c) for _ in range(n)]
+        prefixes = self._each(lambda: [self._tokens(c) for _ in range(n)])
         if c:
             self._loop.run_until_complete(self._batch(prefixes, 1))
-        outs = self._loop.run_until_complete(self._batch([pre + self._tokens(l) for pre in prefixes], 1 + decode_steps))
+        per_engine = self._loop.run_until_complete(self._batch([[pre + self._tokens(l) for pre in ps] for ps in prefixes], 1 + decode_steps))
+        prefill_s, decode_s = zip(*(self._timings(outs, point, decode_steps) for outs in per_engine))
+        cached = n * (c // self.settings.block_size) * self.settings.block_size
+        return _Run(statistics.median(prefill_s), [statistics.median(decode_s)], cached, n * (l + c) - cached)
+
+    def _timings(self, outs: list[Any], point: GridPoint, decode_steps: int) -> tuple[float, float]:
+        """One engine's prefill step and median decode step from its requests' timestamps (checked)."""
+        n, l, c = point.batch, point.prompt_tokens, point.context_tokens
         stats = [o.metrics for o in outs]
         if any(m is None or not m.first_token_ts for m in stats):
             raise RuntimeError("the served engine returned no per-request timestamps (log_stats off?)")
@@ -111,4 +129,4 @@ class ServedProfiler:
         decode = [(m.last_token_ts - m.first_token_ts) / (m.num_generation_tokens - 1) for m in stats if m.num_generation_tokens > 1]
         if len(decode) != n:
             raise RuntimeError(f"expected {decode_steps} decode steps for each of {n} requests")
-        return _Run(prefill, [statistics.median(decode)], cached, n * (l + c) - cached)
+        return prefill, statistics.median(decode)

@@ -62,6 +62,7 @@ def fit(
         "tp": tp,
         "train_mape_pct": report.train_mape,
         "holdout_mape_pct": report.holdout_mape,
+        "repeat_noise_pct": report.repeat_noise,
         "n_train": report.n_train,
         "n_holdout": report.n_holdout,
         "coefficients": data["coefficients"],
@@ -73,9 +74,10 @@ def fit(
     from rich.table import Table
 
     t = Table(title=f"fit {model} on {hardware} (tp {tp}) from {samples.name}")
-    for c in ("step kind", "train n", "train MAPE %", "held-out n", "held-out MAPE %"):
+    for c in ("step kind", "train n", "train MAPE %", "held-out n", "held-out MAPE %", "repeat noise %"):
         t.add_column(c)
     for kind in ("prefill", "decode"):
-        t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}")
+        noise = report.repeat_noise[kind]
+        t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}", f"{noise:.2f}" if noise else "not recorded")
     Console().print(t)
     Console().print(f"wrote {out}")
