@@ -380,6 +380,9 @@ class ExperimentFile(Frozen):
     workload: str
     cluster: str
     profile: str | None = None
+    # Profiles measured with N engines sharing a node (`pearl profile --clock served --engines N`):
+    # the one whose N is the deployment's engines per rollout node replaces `profile`.
+    profile_by_engines: dict[PositiveInt, str] = Field(default_factory=dict)
     costs: CostWeights = CostWeights()
     transition_costs: TransitionCostsSpec = TransitionCostsSpec()
     solver: SolverSpec = SolverSpec()
@@ -498,11 +501,14 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
                 raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node ({group.gpus_per_node}): TP stays inside a node")
     if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes) and cluster.gpus_in_pool("training") == 0:
         raise ConfigError(cpath, "nodes", "[]", "at least one GPU")
-    profile_name = exp.profile or default_profile_name(cluster.nodes[0].gpu, exp.model)
-    ppath = root / "profiles" / f"{profile_name}.json"
-    if not ppath.exists():
-        avail = sorted(p.stem for p in (root / "profiles").glob("*.json"))
-        raise ConfigError(path, "profile", profile_name, f"one of {avail}")
+    avail = sorted(p.stem for p in (root / "profiles").glob("*.json"))
+    named = {f"profile_by_engines.{n}": name for n, name in exp.profile_by_engines.items()}
+    if exp.profile or engines_per_node(cluster) not in exp.profile_by_engines:
+        named["profile"] = exp.profile or default_profile_name(cluster.nodes[0].gpu, exp.model)
+    for field, name in named.items():
+        if name not in avail:
+            raise ConfigError(path, field, name, f"one of {avail}")
+    profile_name = exp.profile_by_engines.get(engines_per_node(cluster)) or named["profile"]
     trace = exp.trace
     if trace is not None:
         tpath = Path(trace.path)
@@ -529,6 +535,12 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         seed=exp.seed,
         runtime=exp.runtime,
     )
+
+
+def engines_per_node(cluster: ClusterSpec) -> int:
+    """Colocated engines that share one rollout node when it is fully used: the deployment a profile must match."""
+    nodes = [g for g in cluster.nodes if g.pool in ("rollout", "elastic")] or list(cluster.nodes)
+    return max(1, nodes[0].gpus_per_node // cluster.tp.colocated[0])
 
 
 def default_profile_name(gpu: str, model: str) -> str:

@@ -57,6 +57,8 @@ MISTAKES = [
     Mistake("unknown GPU type", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(gpu="H900")), "nodes.0.gpu", "H900", "'H800'"),
     Mistake("unknown pool", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(pool="spot")), "nodes.0.pool", "spot", "'elastic'"),
     Mistake("missing profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile="h900-qwen3-30b-a3b")), "profile", "h900-qwen3-30b-a3b", "h800-qwen3-30b-a3b"),
+    Mistake("missing per-engine-count profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile_by_engines={4: "h800-x4"})), "profile_by_engines.4", "h800-x4", "h800-qwen3-30b-a3b"),
+    Mistake("bad engine count", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile_by_engines={0: "h800-qwen3-30b-a3b"})), "profile_by_engines.0.[key]", "0", "greater than 0"),
     Mistake("bad workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"trajectories_per_batch": -8})), "workload_overrides.trajectories_per_batch", "-8", "greater than 0"),
     Mistake("unknown workload override", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(workload_overrides={"turnz": 3})), "workload_overrides.turnz", "turnz", "'turns'"),
     Mistake("unknown runtime device", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(runtime={"device": "tpu"})), "runtime.device", "tpu", "'cuda'"),
@@ -98,6 +100,14 @@ def test_bad_profile_json(config_tree: Path) -> None:
     with pytest.raises(ConfigError) as info:
         build_models(spec)
     assert info.value.field == "coefficients.prefill.weights" and info.value.value == -1.2 and ">= 0" in info.value.allowed
+
+
+def test_profile_matching_the_deployment_is_chosen(config_tree: Path) -> None:
+    """profile_by_engines: the profile measured with as many engines per node as the cluster runs replaces `profile`."""
+    assert load_experiment(config_tree / EXPERIMENT).profile_name == "h800-qwen3-30b-a3b"
+    edit_yaml(config_tree / EXPERIMENT, lambda d: d.update(profile_by_engines={2: "h800-qwen3-8b", 4: "h20-qwen3-30b-a3b"}))
+    # crossover-16xh800: 8 GPUs per node, TP2 colocated engines -> 4 engines share a node
+    assert load_experiment(config_tree / EXPERIMENT).profile_name == "h20-qwen3-30b-a3b"
 
 
 def test_valid_configs_load(config_tree: Path) -> None:

@@ -82,15 +82,18 @@ def test_profile_writes_real_step_timings(profiled) -> None:
 
 
 @pytest.mark.vllm
-def test_served_profile_times_an_asyncllm_engine(tmp_path: Path) -> None:
-    """`--clock served`: the engine core runs in its own process as in rollouts; its steps are
-    timed from the core's per-request timestamps, all n prefills in one step (checked)."""
+def test_served_profile_times_co_located_asyncllm_engines(tmp_path: Path) -> None:
+    """`--clock served --engines 2`: two engine cores in their own processes, one per core, as
+    rollouts run them; every point runs on both at once, steps timed from the cores'
+    per-request timestamps, all n prefills of an engine in one step (checked)."""
     out = tmp_path / "served.jsonl"
     res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32",
-                 "--cpu-bind", "0", "--clock", "served", "--repeats", "3")
+                 "--cpu-bind", "0|1", "--clock", "served", "--engines", "2", "--repeats", "3")
     assert res.returncode == 0, res.stderr[-3000:]
     header, samples = read_samples(out)
     assert header["engine"]["clock"] == "served" and header["grid"]["points"] == 8
+    assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "mirror" and header["engine"]["cpu_threads_bind"] == "0|1"
+    assert all(0 <= s.repeat_spread < 1 for s in samples) and any(s.repeat_spread > 0 for s in samples)
     prefill = [s for s in samples if s.kind == "prefill"]
     decode = [s for s in samples if s.kind == "decode"]
     assert len(prefill) == len(decode) == 8 and all(s.seconds > 0 for s in samples)
@@ -157,3 +160,15 @@ def test_fit_rejects_unknown_model(tmp_path: Path) -> None:
     res = _pearl("fit", "--samples", str(samples), "--out", str(tmp_path / "p.json"), timeout=60)
     assert res.returncode == 2
     assert "nope" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("flags, named", [
+    (("--engines", "2"), "--engines"),  # several engines at once are served engines
+    (("--clock", "served", "--engines", "2", "--cpu-bind", "0||1"), "--cpu-bind"),
+])
+def test_co_located_profile_flags_are_checked_before_an_engine_starts(tmp_path: Path, flags: tuple[str, ...], named: str) -> None:
+    res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(tmp_path / "s.jsonl"), *flags, timeout=60)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and named in lines[0], res.stderr
+    assert not (tmp_path / "s.jsonl").exists()

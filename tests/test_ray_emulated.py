@@ -27,7 +27,8 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "failed_trajectories", "worker_failures",
-                        "late_returns", "train_delay_s", "forced_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched"}
+                        "late_returns", "train_delay_s", "forced_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched",
+                        "profile", "prediction_error_pct", "predictions"}
     assert out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["weights_mismatched"] == 0
     assert out["steps"] == 3 and out["weight_version"] == 3
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -49,6 +50,13 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     # every rollout step logs measured vs predicted time (the tracker refits from it)
     steps = [r for r in recs if r["record"] == "rollout_step"]
     assert len(steps) == 3 and all(r["rollout_s"] > 0 and r["predicted_s"] > 0 for r in steps)
+    # ... and the summary judges each prediction out of sample: made from earlier steps only
+    assert out["profile"] == "h800-qwen3-8b"  # the config names one profile, no per-engine-count ones
+    assert [p["step"] for p in out["predictions"]] == [0, 1, 2] and len(out["prediction_error_pct"]) == 3
+    for p, r in zip(out["predictions"], steps):
+        assert p["fitted_on_steps"] <= p["step"] and p["measured_s"] == pytest.approx(r["rollout_s"], abs=1e-3)
+        assert p["error_pct"] == pytest.approx((p["predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, abs=0.1)
+    assert out["predictions"][2]["fitted_on_steps"] >= 1  # the tracker refitted before step 2 was predicted
     # elastic GPUs vanish (12 -> 0) and return: each change is an availability decision
     assert [r["elastic"] for r in recs if r["record"] == "availability"] == [0, 12]
     # capacity drives the PD mode: with only the 4 reserved GPUs (elastic gone, lent GPUs

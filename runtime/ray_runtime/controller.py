@@ -38,6 +38,7 @@ from runtime.ray_runtime.records import RunFailed, RunSummary, RuntimeStartError
 from runtime.ray_runtime.resources import elastic_schedule, make_slots, resolve_device
 from runtime.ray_runtime.rollout_driver import RolloutDriver
 from runtime.ray_runtime.scenarios import apply_load_change, elastic_loop
+from runtime.ray_runtime.telemetry import StepTelemetry
 from runtime.ray_runtime.slot_table import SlotRuntime, SlotTable
 from runtime.ray_runtime.telemetry import MetricsWriter
 from runtime.ray_runtime.trainer_loop import TrainerLoop
@@ -85,6 +86,8 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.fatal: str | None = None  # why the run must stop (set once; run() raises RunFailed)
         self.rewards: list[float] = []
         self.predicted_s = float("nan")
+        self.predicted_from = 0  # measured steps the models behind predicted_s were refitted on
+        self.steps_seen: list[StepTelemetry] = []
         self.hosts: list[Any] = []
         self.tracker: Any = None
         self.inputs: Any = None
@@ -155,6 +158,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
             self.log(f"decision[{event}] {d.ratio} applied={d.applied} pred={d.predicted_completion_s:.2f}s solve={d.proof.solve_ms:.1f}ms gap={d.proof.gap:.3g} actions={len(plan.actions)}")
             if np.isfinite(d.predicted_completion_s):
                 self.predicted_s = d.predicted_completion_s
+                self.predicted_from = len(self.tracker.history)
             self.wanted_mode = d.mode
             if not plan.empty:  # a held (gated) decision still carries its mandatory part: recalls, returns, forced shrinks
                 task = self._submit(plan, raise_errors=wait if raise_errors is None else raise_errors)
@@ -220,6 +224,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
                 trajs, seconds = await self._rollout_batch(b)
                 self.timeline.batch_done(seconds * self.scale)
                 tel = self._telemetry(b, trajs, seconds)
+                self.steps_seen.append(tel)
                 if self.rt.refit:  # else the configured models plan throughout (as in the simulator)
                     self.tracker.observe(tel)
                     self._refresh_inputs()
@@ -249,7 +254,8 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         failures = {r.worker_id: r.failures for r in self.rec.values() if r.failures}
         summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.ledger.late_returns, len(self.decisions),
                              float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards,
-                             list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched, self.ledger.train_delay_s, self.forced_returns)
+                             list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched, self.ledger.train_delay_s, self.forced_returns,
+                             [t.prediction() for t in self.steps_seen], self.spec.profile_name)
         self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions)
         return summary
 

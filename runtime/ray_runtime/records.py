@@ -47,6 +47,8 @@ class RunSummary:
     weights_mismatched: int = 0
     train_delay_s: float = 0.0  # training steps waited for late GPUs (virtual seconds), in total
     forced_returns: int = 0  # lent GPUs taken back with no planned return
+    predictions: list[dict[str, Any]] = field(default_factory=list)  # per step: StepTelemetry.prediction()
+    profile: str = ""  # the engine profile the predictor started from
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +59,7 @@ class RunSummary:
             "train_delay_s": round(self.train_delay_s, 3), "forced_returns": self.forced_returns,
             "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3), "kv_handoffs": self.kv_handoffs,
             "weights_verified": self.weights_verified, "weights_mismatched": self.weights_mismatched,
+            "profile": self.profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
         }
 
 

@@ -6,8 +6,10 @@ while applying plans) and refits the predictor for the next decision:
   - workload parameters: the means of turns, initial prompt, new tokens per turn,
     response tokens per turn and tool latency become the measured ones (adjacent steps
     are similar; no stationarity assumed: the latest step wins, smoothed by an EMA);
-  - engine speed: the profile's coefficients are scaled by an EMA of measured over
-    predicted rollout time, so a derived profile converges to this machine;
+  - engine speed: the profile's coefficients are scaled by the speed that would have
+    predicted the step exactly (the scale in use x measured / predicted): the first measured
+    step replaces the profile's guess, later ones enter an EMA, so a profile measured on
+    another machine or setting converges to this deployment;
   - transition costs: EMAs of measured engine start and role-switch seconds.
 Each step's measured-vs-predicted error is written to the metrics.
 """
@@ -41,11 +43,18 @@ class StepTelemetry:
     predicted_s: float
     mode: str
     ratio: str
+    fitted_on_steps: int = 0  # measured steps behind the prediction: all earlier than this one
 
     @property
     def error(self) -> float:
         """Relative error of the prediction made for this step's configuration."""
         return (self.predicted_s - self.rollout_s) / self.rollout_s if self.rollout_s > 0 else 0.0
+
+    def prediction(self) -> dict[str, Any]:
+        """The step's prediction against its measurement, for the run summary."""
+        ok = np.isfinite(self.predicted_s) and self.rollout_s > 0
+        return {"step": self.step, "predicted_s": round(self.predicted_s, 3) if ok else None, "measured_s": round(self.rollout_s, 3),
+                "error_pct": round(self.error * 100, 2) if ok else None, "fitted_on_steps": self.fitted_on_steps}
 
 
 def _with_mean(d: Distribution, mean: float) -> Distribution:
@@ -80,6 +89,7 @@ class RuntimeTracker:
     env_scale: float = 1.0  # tool sleeps run at 1/time_scale: the predictor sees wall seconds
     alpha: float = 0.5
     speed: float = 1.0
+    speed_measured: bool = False
     history: list[StepTelemetry] = field(default_factory=list)
     transition_s: dict[str, float] = field(default_factory=dict)
 
@@ -94,8 +104,9 @@ class RuntimeTracker:
         """Record a step and refit; returns the refitted spec (workload + measured transition costs)."""
         self.history.append(t)
         if t.predicted_s > 0 and t.rollout_s > 0 and np.isfinite(t.predicted_s):
-            ratio = t.rollout_s / t.predicted_s
-            self.speed = float(np.clip(self.speed * ((1 - self.alpha) + self.alpha * ratio), 1e-3, 1e6))
+            exact = float(np.clip(self.speed * t.rollout_s / t.predicted_s, 1e-3, 1e6))
+            self.speed = exact if not self.speed_measured else (1 - self.alpha) * self.speed + self.alpha * exact
+            self.speed_measured = True
         w = self.spec.workload
         a = self.alpha
 

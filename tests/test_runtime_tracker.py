@@ -1,0 +1,52 @@
+"""The runtime tracker's speed refit: the first measured step replaces the profile's guess,
+later steps move it by an EMA; predictions then follow the deployment it measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.config import CONFIG_ROOT, load_experiment, profile_path
+from models.step_latency import load_profile
+from runtime.ray_runtime.telemetry import RuntimeTracker, StepTelemetry
+
+
+def _tracker() -> RuntimeTracker:
+    spec = load_experiment(CONFIG_ROOT / "experiments/train-cpu-tiny.yaml")
+    return RuntimeTracker(spec, load_profile(profile_path(spec)))
+
+
+def _step(tracker: RuntimeTracker, predicted_s: float, measured_s: float, step: int = 0) -> StepTelemetry:
+    w = tracker.spec.workload  # the workload as configured: only the engine speed is off
+    return StepTelemetry(step, w.trajectories_per_batch, w.turns.expected(), w.initial_prompt_tokens.expected(), w.new_tokens_per_turn.expected(),
+                         w.response_tokens_per_turn.expected(), w.env_latency_s.expected(), 0, measured_s, predicted_s, "colocated", "2C", step)
+
+
+def _colocated_s(tracker: RuntimeTracker) -> float:
+    return tracker.models().predictor.colocated(2).completion_s
+
+
+def test_first_measured_step_replaces_the_profile_speed() -> None:
+    t = _tracker()
+    before = _colocated_s(t)
+    t.observe(_step(t, predicted_s=before, measured_s=before * 1.8))
+    assert t.speed == pytest.approx(1.8)
+    # engine time is all that scaled, so the batch prediction grows by less than 1.8x (tool waits stay)
+    after = _colocated_s(t)
+    assert before * 1.2 < after < before * 1.8
+
+
+def test_later_steps_move_the_speed_by_an_ema_of_the_exact_speeds() -> None:
+    t = _tracker()
+    p0 = _colocated_s(t)
+    t.observe(_step(t, p0, p0 * 2.0, 0))
+    p1 = _colocated_s(t)
+    t.observe(_step(t, p1, p1, 1))  # step 1 predicted exactly: speed 2.0 was right
+    assert t.speed == pytest.approx(2.0)
+    t.observe(_step(t, p1, p1 * 0.5, 2))  # twice too slow now: exact speed 1.0, EMA halfway
+    assert t.speed == pytest.approx(1.5)
+
+
+def test_prediction_record_is_out_of_sample() -> None:
+    t = _tracker()
+    rec = _step(t, 2.0, 2.5, step=3).prediction()
+    assert rec == {"step": 3, "predicted_s": 2.0, "measured_s": 2.5, "error_pct": -20.0, "fitted_on_steps": 3}
