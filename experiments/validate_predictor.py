@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 from models.builder import build_models  # noqa: E402
 from models.config import ExperimentSpec, load_experiment, profile_path  # noqa: E402
 from models.step_latency import EngineProfile, StepCoefficients, load_profile  # noqa: E402
+from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
 # The engine settings the cpu-tiny profile was measured with (see its samples header).
 ENGINE = dict(dtype="float32", max_model_len=1024, block_size=32, enforce_eager=True, enable_prefix_caching=True, max_num_batched_tokens=2048, seed=0)
@@ -278,6 +279,18 @@ def summarize(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def modes_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode: the mean absolute error of batch completion and every point's numbers."""
+    out: dict[str, Any] = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        pts = [r for r in rows if r["mode"] == mode]
+        out[mode] = {
+            "mean_abs_error_pct": round(float(np.mean([abs(r["error_pct"]) for r in pts])), 2),
+            "points": [{"batch": r["batch"], "env_s": r["env_s"], "predicted_s": round(r["predicted"]["completion_s"], 4), "measured_s": round(r["measured"]["completion_s"], 4), "error_pct": round(r["error_pct"], 2)} for r in pts],
+        }
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -311,6 +324,7 @@ def main() -> None:
     ap.add_argument("--modes", default="colocated,disaggregated")
     ap.add_argument("--repeats", type=int, default=3, help="runs per point; the median run is kept")
     ap.add_argument("--out", default=str(ROOT / "results/validate_predictor.json"))
+    ap.add_argument("--json", action="store_true", help="print the result's summary as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
 
     spec = load_experiment(args.config)
@@ -323,8 +337,9 @@ def main() -> None:
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     runs: list[RunRecord] = []
-    for mode in modes:
-        runs += asyncio.run(measure_mode(mode, args.model_dir, spec, batches, env_scales, args.repeats))
+    with stdout_to_stderr(args.json):  # vLLM logs to stdout: keep `--json` output one object
+        for mode in modes:
+            runs += asyncio.run(measure_mode(mode, args.model_dir, spec, batches, env_scales, args.repeats))
 
     rows = []
     for run in runs:
@@ -347,7 +362,10 @@ def main() -> None:
         "engines": {"colocated": "2 AsyncLLM engines, one per core", "disaggregated": "1 prefill (kv_producer) + 1 decode (kv_consumer) AsyncLLM engine, one per core, ExampleConnector"},
         "engine_settings": ENGINE,
         "repeats": args.repeats,
-        "profile": {"name": prof.name, "label": prof.label, "holdout_mape_pct": prof.fit.get("holdout_mape_pct"), "train_mape_pct": prof.fit.get("train_mape_pct")},
+        "profile": prof.name,
+        "profile_detail": {"label": prof.label, "machine": prof.machine, "holdout_mape_pct": prof.fit.get("holdout_mape_pct"), "repeat_noise_pct": prof.fit.get("repeat_noise_pct"),
+                           "train_mape_pct": prof.fit.get("train_mape_pct"), "engine": prof.fit.get("engine")},
+        "modes": modes_summary(rows),
         "targets": {"step_time_holdout_mape_pct": 5.0, "batch_completion_error_pct": 10.0},
         "max_abs_error_pct": max(abs(r["error_pct"]) for r in rows),
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -362,7 +380,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"predicted vs measured batch completion ({spec.name}, profile {prof.name} [{prof.label}])")
+    t = Table(title=f"predicted vs measured batch completion ({spec.name}, profile {prof.name} [{prof.label}], measured {prof.machine.rsplit('(profiled ', 1)[-1].rstrip(')')})")
     for c in ("mode", "B", "tool s", "measured s", "predicted s", "error %", "decode step ms meas/pred", "prefill step ms meas/pred", "pred. w/ measured steps s", "its error %"):
         t.add_column(c)
     for r in rows:
@@ -372,12 +390,15 @@ def main() -> None:
                   f"{m['decode_step_s_median'] * 1e3:.2f} / {p['decode_step_s_lockstep'] * 1e3:.2f}",
                   f"{m['first_token_s_median'] * 1e3:.2f} / {p['prefill_step_s_lockstep'] * 1e3:.2f}",
                   f"{wi.get('completion_s', float('nan')):.3f}", f"{wi.get('error_pct', float('nan')):+.1f}")
-    console = Console(width=160)
+    console = Console(width=160, stderr=args.json)
     console.print(t)
     ho = prof.fit.get("holdout_mape_pct", {})
     console.print(f"step-time held-out MAPE: prefill {ho.get('prefill', float('nan')):.2f}%, decode {ho.get('decode', float('nan')):.2f}% (target <= 5%); "
                     f"max |batch completion error| {result['max_abs_error_pct']:.1f}% (target <= 10%)")
+    console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" for m, v in result["modes"].items()) + " (target <= 10%)")
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
+    if args.json:
+        print_json({k: result[k] for k in ("profile", "modes", "max_abs_error_pct", "date", "machine", "load_avg")})
 
 
 if __name__ == "__main__":
