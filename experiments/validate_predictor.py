@@ -52,7 +52,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import numpy as np  # noqa: E402
 
 from models.builder import build_models  # noqa: E402
-from models.config import ExperimentSpec, load_experiment, profile_path  # noqa: E402
+from models.config import ExperimentSpec, load_experiment, pd_profile_path, profile_path  # noqa: E402
 from models.step_latency import EngineProfile, StepCoefficients, load_profile  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
@@ -213,9 +213,16 @@ async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches:
     return out
 
 
+def _mode_profile(spec: ExperimentSpec, mode: str) -> EngineProfile:
+    """The profile the predictor uses for this mode's instances (the deployment's, per mode)."""
+    path = pd_profile_path(spec) if mode == "disaggregated" else None
+    return load_profile(path or profile_path(spec))
+
+
 def _predict(spec: ExperimentSpec, run: RunRecord, profile: EngineProfile | None = None) -> dict[str, Any]:
     env_scale = run.env_s / max(spec.workload.env_latency_s.expected(), 1e-12)
-    m = build_models(spec, batch=run.batch, env_scale=env_scale, profile=profile)
+    override = {"pd_profile" if run.mode == "disaggregated" else "profile": profile} if profile is not None else {}
+    m = build_models(spec, batch=run.batch, env_scale=env_scale, **override)
     p = m.predictor
     pred = p.colocated(2) if run.mode == "colocated" else p.disaggregated(1, 1)
     dec = p.colocated_engine if run.mode == "colocated" else p.decode_engine
@@ -235,7 +242,7 @@ def _predict(spec: ExperimentSpec, run: RunRecord, profile: EngineProfile | None
         "prefill_path_s": pred.prefill_path_s,
         "decode_path_s": pred.decode_path_s,
         "turns": s.turns,
-        "profile": m.profile.name,
+        "profile": dec.profile.name,
     }
 
 
@@ -247,14 +254,14 @@ def predict(spec: ExperimentSpec, run: RunRecord, meas: dict[str, Any]) -> dict[
     (profile) not matching the engine's step times during this run.
     """
     base = _predict(spec, run)
-    prof = load_profile(profile_path(spec))
+    prof = _mode_profile(spec, run.mode)
     s_d = meas["decode_step_s_median"] / base["decode_step_s_lockstep"]
     s_p = meas["first_token_s_median"] / base["prefill_step_s_lockstep"]
     if not (s_d > 0 and s_p > 0):
         return base
     scaled = replace(prof, name=f"{prof.name}-as-measured",
                      prefill=StepCoefficients.from_vector(prof.prefill.vector() * s_p),
-                     decode=StepCoefficients.from_vector(prof.decode.vector() * s_d))
+                     decode=StepCoefficients.from_vector(prof.decode.vector() * s_d), kv_handoff=prof.kv_handoff)
     what_if = _predict(spec, run, scaled)
     base["with_measured_step_times"] = {"completion_s": what_if["completion_s"], "decode_scale": s_d, "prefill_scale": s_p}
     return base
@@ -363,6 +370,7 @@ def main() -> None:
         "engine_settings": ENGINE,
         "repeats": args.repeats,
         "profile": prof.name,
+        "pd_profile": spec.pd_profile_name,  # P/D instances' profile where the deployment names one
         "profile_detail": {"label": prof.label, "machine": prof.machine, "holdout_mape_pct": prof.fit.get("holdout_mape_pct"), "repeat_noise_pct": prof.fit.get("repeat_noise_pct"),
                            "train_mape_pct": prof.fit.get("train_mape_pct"), "engine": prof.fit.get("engine")},
         "modes": modes_summary(rows),
@@ -398,7 +406,7 @@ def main() -> None:
     console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" for m, v in result["modes"].items()) + " (target <= 10%)")
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     if args.json:
-        print_json({k: result[k] for k in ("profile", "modes", "max_abs_error_pct", "date", "machine", "load_avg")})
+        print_json({k: result[k] for k in ("profile", "pd_profile", "modes", "max_abs_error_pct", "date", "machine", "load_avg")})
 
 
 if __name__ == "__main__":

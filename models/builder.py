@@ -1,6 +1,6 @@
 """Assemble the performance models of one experiment from its validated config.
 
-The only file I/O here is reading the engine profile named by the experiment; everything
+The only file I/O here is reading the engine profiles named by the experiment; everything
 returned is a frozen value the planner can use without touching disk.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ExperimentSpec, profile_path
+from models.config import ExperimentSpec, pd_profile_path, profile_path
 from models.predictor import RolloutPredictor, batch_shape
 from models.step_latency import EngineProfile, StepLatencyModel, load_profile
 from models.transition import TransitionCosts, transition_costs
@@ -38,17 +38,26 @@ def step_model(spec: ExperimentSpec, profile: EngineProfile, tp: int) -> StepLat
     return StepLatencyModel(spec.model, spec.gpu(gpu), tp, profile)
 
 
-def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0) -> ExperimentModels:
-    """Predictor and transition costs for the experiment (TP: the smallest allowed per role)."""
-    profile = profile or load_profile(profile_path(spec))
+def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,
+                 pd_profile: EngineProfile | None = None, speed: float = 1.0) -> ExperimentModels:
+    """Predictor and transition costs for the experiment (TP: the smallest allowed per role).
+
+    Colocated instances use `profile` (default: the experiment's); prefill and decode instances
+    use `pd_profile` (default: the experiment's P/D profile, else `profile`). `speed` scales both
+    (the runtime tracker's measured speed)."""
+    profile = (profile or load_profile(profile_path(spec))).scaled(speed)
+    pd_path = pd_profile_path(spec)
+    if pd_profile is None and pd_path is not None:
+        pd_profile = load_profile(pd_path)
+    pd = pd_profile.scaled(speed) if pd_profile is not None else profile
     tp = spec.cluster.tp
     tc, tpp, tpd = tp.colocated[0], tp.prefill[0], tp.decode[0]
     gpu = rollout_gpu_type(spec)
     predictor = RolloutPredictor(
         shape=batch_shape(spec.workload, batch, env_scale),
         colocated_engine=step_model(spec, profile, tc),
-        prefill_engine=step_model(spec, profile, tpp),
-        decode_engine=step_model(spec, profile, tpd),
+        prefill_engine=step_model(spec, pd, tpp),
+        decode_engine=step_model(spec, pd, tpd),
         kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
     )
     costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))

@@ -367,9 +367,17 @@ class ExperimentSpec(Frozen):
     trace: TraceSpec | None
     seed: int
     runtime: RuntimeSpec = RuntimeSpec()
+    pd_profile_name: str | None = None  # P/D instances' profile where one was measured as a pair
 
     def gpu(self, name: str) -> GPUSpec:
         return self.hardware.gpus[name]
+
+
+class DeploymentProfiles(Frozen):
+    """The profiles one deployment (an engine count per node) was measured as, per mode."""
+
+    colocated: str
+    disaggregated: str
 
 
 class ExperimentFile(Frozen):
@@ -381,8 +389,10 @@ class ExperimentFile(Frozen):
     cluster: str
     profile: str | None = None
     # Profiles measured with N engines sharing a node (`pearl profile --clock served --engines N`):
-    # the one whose N is the deployment's engines per rollout node replaces `profile`.
-    profile_by_engines: dict[PositiveInt, str] = Field(default_factory=dict)
+    # the one whose N is the deployment's engines per rollout node replaces `profile`. A value
+    # may name one profile per mode: {colocated: ..., disaggregated: ...} (the latter measured
+    # as a P/D pair, `--pd`: its prefill, decode and KV-handoff terms serve P/D instances).
+    profile_by_engines: dict[PositiveInt, str | DeploymentProfiles] = Field(default_factory=dict)
     costs: CostWeights = CostWeights()
     transition_costs: TransitionCostsSpec = TransitionCostsSpec()
     solver: SolverSpec = SolverSpec()
@@ -502,13 +512,20 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes) and cluster.gpus_in_pool("training") == 0:
         raise ConfigError(cpath, "nodes", "[]", "at least one GPU")
     avail = sorted(p.stem for p in (root / "profiles").glob("*.json"))
-    named = {f"profile_by_engines.{n}": name for n, name in exp.profile_by_engines.items()}
-    if exp.profile or engines_per_node(cluster) not in exp.profile_by_engines:
+    named: dict[str, str] = {}
+    for n, value in exp.profile_by_engines.items():
+        if isinstance(value, str):
+            named[f"profile_by_engines.{n}"] = value
+        else:
+            named.update({f"profile_by_engines.{n}.colocated": value.colocated, f"profile_by_engines.{n}.disaggregated": value.disaggregated})
+    deployed = exp.profile_by_engines.get(engines_per_node(cluster))
+    if exp.profile or deployed is None:
         named["profile"] = exp.profile or default_profile_name(cluster.nodes[0].gpu, exp.model)
     for field, name in named.items():
         if name not in avail:
             raise ConfigError(path, field, name, f"one of {avail}")
-    profile_name = exp.profile_by_engines.get(engines_per_node(cluster)) or named["profile"]
+    profile_name = named.get("profile", "") if deployed is None else deployed if isinstance(deployed, str) else deployed.colocated
+    pd_profile_name = deployed.disaggregated if isinstance(deployed, DeploymentProfiles) else None
     trace = exp.trace
     if trace is not None:
         tpath = Path(trace.path)
@@ -526,6 +543,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         workload=workload,
         cluster=cluster,
         profile_name=profile_name,
+        pd_profile_name=pd_profile_name,
         costs=exp.costs,
         transition_costs=exp.transition_costs,
         solver=exp.solver,
@@ -552,6 +570,11 @@ def profile_path(spec: ExperimentSpec) -> Path:
     if not (root / "profiles").exists():
         root = CONFIG_ROOT
     return root / "profiles" / f"{spec.profile_name}.json"
+
+
+def pd_profile_path(spec: ExperimentSpec) -> Path | None:
+    """The P/D instances' own profile file, where the deployment names one."""
+    return None if spec.pd_profile_name is None else profile_path(spec).with_name(f"{spec.pd_profile_name}.json")
 
 
 def lookup_model_and_hardware(model: str | None, hardware: str | None, root: Path = CONFIG_ROOT) -> tuple[LLMSpec, GPUSpec]:

@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from models.config import GPUSpec, LLMSpec
-from models.step_latency import FEATURES, EngineProfile, StepCoefficients, StepShape, step_features
+from models.step_latency import FEATURES, EngineProfile, KVHandoff, StepCoefficients, StepShape, step_features
 
 SAMPLE_FIELDS = ("kind", "prefill_tokens", "prefill_requests", "prefill_prefix_tokens", "decode_seqs", "decode_context_tokens", "seconds")
 
@@ -26,7 +26,7 @@ SAMPLE_FIELDS = ("kind", "prefill_tokens", "prefill_requests", "prefill_prefix_t
 class StepSample:
     """One measured step (or a per-step average over several identical steps)."""
 
-    kind: Literal["prefill", "decode"]
+    kind: Literal["prefill", "decode", "handoff"]  # handoff: a decode engine admitting requests whose KV it loads (prefill_prefix_tokens: loaded)
     prefill_tokens: float
     prefill_requests: float
     prefill_prefix_tokens: float
@@ -63,8 +63,8 @@ def read_samples(path: str | Path) -> tuple[dict, list[StepSample]]:
         missing = [f for f in SAMPLE_FIELDS if f not in obj]
         if missing:
             raise ConfigError(path, f"line {lineno}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
-        if obj["kind"] not in ("prefill", "decode") or not obj["seconds"] > 0:
-            raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode and seconds > 0")
+        if obj["kind"] not in ("prefill", "decode", "handoff") or not obj["seconds"] > 0:
+            raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode|handoff and seconds > 0")
         samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}, repeat_spread=float(obj.get("repeat_spread", 0.0))))
     if not samples:
         raise ConfigError(path, "<samples>", 0, "at least one sample line")
@@ -113,11 +113,30 @@ def repeat_noise_pct(samples: list[StepSample]) -> float:
     return float(np.mean([s.repeat_spread for s in samples]) * 100) if samples else float("nan")
 
 
+def fit_handoff(samples: list[StepSample]) -> KVHandoff:
+    """NNLS on relative error: t = fixed + per_request * requests + per_token * loaded tokens."""
+    x = np.array([[1.0, s.prefill_requests, s.prefill_prefix_tokens] for s in samples])
+    y = np.array([s.seconds for s in samples])
+    a = x / y[:, None]
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    sol, _ = nnls(a / scale, np.ones_like(y), maxiter=2000)
+    fixed, per_request, per_token = (float(v) for v in sol / scale)
+    return KVHandoff(fixed, per_request, per_token)
+
+
+def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
+    if not samples:
+        return float("nan")
+    pred = np.array([float(h.time(s.prefill_requests, s.prefill_prefix_tokens)) for s in samples])
+    y = np.array([s.seconds for s in samples])
+    return float(np.mean(np.abs(pred - y) / y) * 100)
+
+
 def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepSample], list[StepSample]]:
     """Deterministic split: every `every`-th sample (per kind) is held out."""
     train: list[StepSample] = []
     test: list[StepSample] = []
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "handoff"):
         group = [s for s in samples if s.kind == kind]
         for i, s in enumerate(group):
             (test if every and i % every == every - 1 else train).append(s)
@@ -164,6 +183,14 @@ def fit_profile(
         ho_m[kind] = mape(ho, c, llm, gpu, tp)
         n_tr[kind], n_ho[kind] = len(tr), len(ho)
         noise[kind] = repeat_noise_pct(tr + ho)
+    handoff = None
+    tr = [s for s in train if s.kind == "handoff"]
+    if tr:  # a P/D profile: the decode engine's takeover of prefilled requests
+        ho = [s for s in test if s.kind == "handoff"]
+        handoff = fit_handoff(tr)
+        tr_m["handoff"], ho_m["handoff"] = handoff_mape(tr, handoff), handoff_mape(ho, handoff)
+        n_tr["handoff"], n_ho["handoff"] = len(tr), len(ho)
+        noise["handoff"] = repeat_noise_pct(tr + ho)
     profile = EngineProfile(
         name=name,
         hardware=hardware,
@@ -174,5 +201,6 @@ def fit_profile(
         machine=machine,
         notes=f"fitted by `pearl fit` on {len(samples)} samples (tp={tp})",
         fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "repeat_noise_pct": noise, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
+        kv_handoff=handoff,
     )
     return FitReport(profile, tr_m, ho_m, n_tr, n_ho, noise)

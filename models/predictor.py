@@ -237,6 +237,10 @@ class RolloutPredictor:
         return self._cache["p1"]
 
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
+        """KV over the link; zero where the profile measured the handoff itself (P/D profiles:
+        the prefill steps include the connector's store, the decode side's takeover its load)."""
+        if self.decode_engine.profile.kv_handoff is not None:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
         return tokens * arch.kv_bytes_per_token(engine.llm) / (self.kv_link_gb_s * 1e9)
 
     # -- the fixed point, vectorised over candidates (rows) and turns (columns)
@@ -338,7 +342,14 @@ class RolloutPredictor:
         # a context the decode instance evicted crosses the link again with the new tokens
         sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
         fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine)
-        t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
+        handoff = eng.profile.kv_handoff
+        if handoff is None:
+            t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
+            return t.sum(axis=1), c.mean(axis=1)
+        # Measured takeover: admitting a turn's requests (loading their KV) is engine work that
+        # stalls decodes like a colocated engine's prefills, and each trajectory waits for its own.
+        busy = handoff.time(m, m * sent)
+        t, c = self._turn_times(eng, m, busy, fixed + handoff.time(1.0, sent), interfere=True)
         return t.sum(axis=1), c.mean(axis=1)
 
     def prefill_path_many(self, n_p: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ own coefficient sets because their kernels reach very different efficiency.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +91,27 @@ class StepCoefficients:
 
 
 @dataclass(frozen=True)
+class KVHandoff:
+    """Measured time for a decode engine to take over requests prefilled elsewhere: the KV
+    connector's load plus the engine step that admits them (`pearl profile --pd`).
+
+    It replaces the link-bandwidth estimate where it was measured: on CPU the ExampleConnector
+    writes and reads one file per layer, a cost no bandwidth figure describes.
+    """
+
+    fixed_s: float = 0.0
+    per_request_s: float = 0.0
+    per_token_s: float = 0.0  # per KV token loaded
+
+    def time(self, requests: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+        """One admitting step for `requests` requests loading `tokens` KV tokens in all."""
+        return self.fixed_s + self.per_request_s * np.asarray(requests, dtype=float) + self.per_token_s * np.asarray(tokens, dtype=float)
+
+    def to_json(self) -> dict:
+        return {"fixed_s": self.fixed_s, "per_request_s": self.per_request_s, "per_token_s": self.per_token_s}
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Fitted coefficients of one (hardware, model) engine, with provenance.
 
@@ -107,9 +128,19 @@ class EngineProfile:
     machine: str = ""
     notes: str = ""
     fit: dict = field(default_factory=dict, compare=False, hash=False)
+    kv_handoff: KVHandoff | None = None  # measured P -> D takeover (P/D profiles only)
 
     def coefficients(self, kind: StepKind) -> StepCoefficients:
         return self.prefill if kind == "prefill" else self.decode
+
+    def scaled(self, k: float) -> "EngineProfile":
+        """Every term k times slower (k > 1) or faster: a measured speed applied to this profile."""
+        if k == 1.0:
+            return self
+        h = self.kv_handoff
+        return replace(self, prefill=StepCoefficients.from_vector(self.prefill.vector() * k), decode=StepCoefficients.from_vector(self.decode.vector() * k),
+                       kv_handoff=None if h is None else KVHandoff(h.fixed_s * k, h.per_request_s * k, h.per_token_s * k),
+                       notes=f"{self.notes} (runtime-calibrated x{k:.3g})".strip())
 
     def to_json(self) -> dict:
         return {
@@ -124,6 +155,7 @@ class EngineProfile:
                 "decode": dict(zip(FEATURES, self.decode.vector().tolist())),
             },
             "fit": self.fit,
+            **({"kv_handoff": self.kv_handoff.to_json()} if self.kv_handoff is not None else {}),
         }
 
     @classmethod
@@ -139,6 +171,7 @@ class EngineProfile:
             machine=data.get("machine", ""),
             notes=data.get("notes", ""),
             fit=data.get("fit", {}),
+            kv_handoff=KVHandoff(**data["kv_handoff"]) if data.get("kv_handoff") else None,
         )
 
 
@@ -165,6 +198,13 @@ def load_profile(path: str | Path) -> EngineProfile:
         for k, v in coeffs.items():
             if not isinstance(v, (int, float)) or v < 0:
                 raise ConfigError(path, f"coefficients.{kind}.{k}", v, "a number >= 0")
+    handoff = data.get("kv_handoff")
+    if handoff is not None:
+        if not isinstance(handoff, dict) or set(handoff) - {"fixed_s", "per_request_s", "per_token_s"}:
+            raise ConfigError(path, "kv_handoff", handoff, "a mapping with keys fixed_s, per_request_s, per_token_s")
+        for k, v in handoff.items():
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(path, f"kv_handoff.{k}", v, "a number >= 0")
     return EngineProfile.from_json(data)
 
 

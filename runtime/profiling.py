@@ -35,7 +35,9 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                  enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind, seed,
                  clock ("wall", "thread" or "served": what "seconds" below measured),
                  engines (served engines measured at once on this machine),
-                 load ("none", or "mirror": every engine ran the same point at the same time)},
+                 load ("none"; "mirror": every engine ran the same point at the same time;
+                       "pd": engine 0 prefilled each point and handed its KV to engine 1, which
+                       decoded it: prefill samples are engine 0's, decode and handoff engine 1's)},
       "engine_start_s": seconds, "wall_s": seconds the whole run took,
       "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
   then one object per measured step shape:
@@ -48,7 +50,10 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
        "seconds": median step time,
        "repeat_spread": median relative deviation of the repeats from that median (the
                         measurement's noise; optional, 0 when not recorded)}
-  A prefill sample has decode_seqs = 0; a decode sample has prefill_tokens = 0.
+  A prefill sample has decode_seqs = 0; a decode sample has prefill_tokens = 0. A "handoff"
+  sample (load "pd" only) is the decode engine's first step for n requests whose KV it loads
+  through the connector: prefill_requests = n, prefill_prefix_tokens = KV tokens loaded,
+  prefill_tokens = tokens it computed itself, seconds = median scheduled -> first token.
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class EngineSettings:
     seed: int = 0
     clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point; "served": runtime.profiling_served
     engines: int = 1  # served only: engines measured at once on one machine, each under the others' load
+    pd: bool = False  # served, 2 engines: engine 0 prefills (KV producer), engine 1 decodes what it hands over
 
     def engine_bindings(self) -> list[str]:
         """Engine i's VLLM_CPU_OMP_THREADS_BIND: the i-th '|'-separated part of cpu_threads_bind."""
@@ -209,6 +215,8 @@ class _Run:
     decode_s: list[float]
     cached_tokens: int
     new_tokens: int
+    handoff_s: float = float("nan")  # P/D: the decode engine's admitting step (load + first token)
+    loaded_tokens: int = 0  # P/D: KV tokens the decode engine loaded
 
 
 @dataclass
@@ -302,7 +310,7 @@ class EngineProfiler:
         return _Run(step_s[0], decode, cached, n * (l + c) - cached)
 
     @staticmethod
-    def aggregate(point: GridPoint, runs: list[_Run], decode_steps: int) -> tuple[StepSample, StepSample]:
+    def aggregate(point: GridPoint, runs: list[_Run], decode_steps: int) -> tuple[StepSample, ...]:
         """Median over repeats of the prefill step and of each run's median decode step."""
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
         prefill = StepSample(
@@ -327,7 +335,20 @@ class EngineProfiler:
             seconds=statistics.median(statistics.median(r.decode_s) for r in runs),
             repeat_spread=_spread([statistics.median(r.decode_s) for r in runs]),
         )
-        return prefill, decode
+        if not all(r.handoff_s == r.handoff_s for r in runs):
+            return prefill, decode
+        loaded = runs[0].loaded_tokens
+        handoff = StepSample(
+            kind="handoff",
+            prefill_tokens=float(n * (l + c) - loaded),
+            prefill_requests=float(n),
+            prefill_prefix_tokens=float(loaded),
+            decode_seqs=0.0,
+            decode_context_tokens=0.0,
+            seconds=statistics.median(r.handoff_s for r in runs),
+            repeat_spread=_spread([r.handoff_s for r in runs]),
+        )
+        return prefill, decode, handoff
 
     def warm_up(self) -> None:
         """First steps pay one-off costs (allocations, kernel selection): run some untimed."""
@@ -386,7 +407,7 @@ def profile_engine(
 def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: str, facts: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:
     engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
     engine["prefix_caching"] = True
-    engine["load"] = "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
+    engine["load"] = "pd" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
     return {
         "model_dir": str(settings.model_dir),
         "model": model,

@@ -12,6 +12,14 @@ the same moment: each step is measured while the other engines run the same step
 "mirror"), as co-located rollout engines run in a deployment. Samples pool the requests of
 every engine. A profile fitted on them predicts that deployment, not a lone engine.
 
+With `pd` (two engines) the pair runs as a disaggregated deployment does, through the same KV
+connector configuration as the runtime's P/D workers (`runtime.ray_runtime.vllm_args`,
+ExampleConnector on a temporary folder): engine 0 (kv_producer) prefills each point's prompts
+with max_tokens=1 and stores their KV; engine 1 (kv_consumer) is then given the same prompts,
+loads that KV and decodes. Prefill samples are engine 0's steps (their KV store included),
+decode samples engine 1's, and "handoff" samples engine 1's first step (scheduled -> first
+token: the load plus the tokens beyond the last full block), checked to have loaded KV.
+
 Same grid and same samples as the in-process profiler; only the measurement differs:
   - the n requests of a point are submitted while the scheduler is paused
     (`pause_generation(mode="keep", clear_cache=False)`, which keeps the warmed prefixes)
@@ -26,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -46,27 +56,40 @@ class ServedProfiler:
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop, init=False, repr=False)
     _rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0), init=False, repr=False)
     _ids: Iterator[int] = field(default_factory=lambda: iter(range(1 << 62)), init=False, repr=False)
+    _store: str = field(default="", init=False, repr=False)  # P/D: the connector's shared folder
 
     def start(self) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.kv_cache_gib)
+        if self.settings.pd:
+            self._store = tempfile.mkdtemp(prefix="pearl-profile-kv-")
         t0 = time.perf_counter()
-        for bind in self.settings.engine_bindings():
+        for i, bind in enumerate(self.settings.engine_bindings()):
             if bind != "auto":  # read when the engine core process starts
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
-            self._engines.append(self._loop.run_until_complete(self._make()))
+            role = ("prefill", "decode")[i] if self.settings.pd else "colocated"
+            self._engines.append(self._loop.run_until_complete(self._make(role)))
         self.engine_start_s = time.perf_counter() - t0
         self._vocab = int(self._engines[0].model_config.get_vocab_size())
 
-    async def _make(self) -> Any:
+    async def _make(self, role: str) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.settings.engine_kwargs()))
+        kwargs = self.settings.engine_kwargs()
+        if role != "colocated":
+            from runtime.ray_runtime import vllm_args
+
+            deployed = vllm_args.EngineSettings(model=self.settings.model_dir, max_model_len=self.settings.max_model_len, block_size=self.settings.block_size, kv_store=self._store)
+            kwargs["kv_transfer_config"] = vllm_args.kv_transfer_config(deployed, role)  # type: ignore[arg-type]
+            kwargs.update(vllm_args.scheduling_args(deployed, role))  # type: ignore[arg-type]
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
     def close(self) -> None:
         for engine in self._engines:
             engine.shutdown()
         self._engines = []
+        if self._store:
+            shutil.rmtree(self._store, ignore_errors=True)
         pending = asyncio.all_tasks(self._loop)  # the engine's output handler
         for task in pending:
             task.cancel()
@@ -103,6 +126,8 @@ class ServedProfiler:
             self._loop.run_until_complete(self._batch(self._each(lambda: [self._tokens(64) for _ in range(n)]), 4))
 
     def run_point(self, point: GridPoint, decode_steps: int) -> _Run:
+        if self.settings.pd:
+            return self._run_pd_point(point, decode_steps)
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
         prefixes = self._each(lambda: [self._tokens(c) for _ in range(n)])
         if c:
@@ -112,8 +137,27 @@ class ServedProfiler:
         cached = n * (c // self.settings.block_size) * self.settings.block_size
         return _Run(statistics.median(prefill_s), [statistics.median(decode_s)], cached, n * (l + c) - cached)
 
-    def _timings(self, outs: list[Any], point: GridPoint, decode_steps: int) -> tuple[float, float]:
-        """One engine's prefill step and median decode step from its requests' timestamps (checked)."""
+    def _run_pd_point(self, point: GridPoint, decode_steps: int) -> _Run:
+        """Prefill on engine 0 (stores KV), then load + decode on engine 1, as a P/D turn runs."""
+        n, l, c = point.batch, point.prompt_tokens, point.context_tokens
+        block = self.settings.block_size
+        prefixes = [self._tokens(c) for _ in range(n)]
+        if c:
+            self._loop.run_until_complete(self._batch([prefixes, []], 1))
+        prompts = [pre + self._tokens(l) for pre in prefixes]
+        [produced, _] = self._loop.run_until_complete(self._batch([prompts, []], 1))
+        prefill_s, _ = self._timings(produced, point, 0)
+        [_, consumed] = self._loop.run_until_complete(self._batch([[], prompts], 1 + decode_steps))
+        handoff_s, decode_s = self._timings(consumed, point, decode_steps, check_cache=False)
+        loaded = sum(int(o.num_cached_tokens or 0) for o in consumed)
+        if loaded < n * ((c + l - 1) // block) * block:  # it computes at least the last token itself
+            raise RuntimeError(f"the decode engine loaded {loaded} KV tokens for {n} prompts of {c + l} (expected their full blocks): no handoff")
+        cached = n * (c // block) * block
+        return _Run(prefill_s, [decode_s], cached, n * (l + c) - cached, handoff_s, loaded)
+
+    def _timings(self, outs: list[Any], point: GridPoint, decode_steps: int, check_cache: bool = True) -> tuple[float, float]:
+        """One engine's first step (prefill) and median decode step from its requests' timestamps,
+        checked (with check_cache, that the warmed prefixes were prefix-cache hits)."""
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
         stats = [o.metrics for o in outs]
         if any(m is None or not m.first_token_ts for m in stats):
@@ -122,10 +166,12 @@ class ServedProfiler:
         firsts = [m.first_token_ts for m in stats]
         if max(firsts) - min(firsts) > 0.1 * prefill + 1e-3:
             raise RuntimeError(f"prefill of {n} x {l} tokens did not run as one engine step (first tokens {max(firsts) - min(firsts):.4f} s apart)")
-        cached = sum(int(o.num_cached_tokens or 0) for o in outs)
         expected = n * (c // self.settings.block_size) * self.settings.block_size
-        if cached != expected:
-            raise RuntimeError(f"prefix cache hit {cached} tokens, expected {expected} (n={n}, context={c})")
+        hit = sum(int(o.num_cached_tokens or 0) for o in outs)
+        if check_cache and hit != expected:
+            raise RuntimeError(f"prefix cache hit {hit} tokens, expected {expected} (n={n}, context={c})")
+        if not decode_steps:
+            return prefill, float("nan")
         decode = [(m.last_token_ts - m.first_token_ts) / (m.num_generation_tokens - 1) for m in stats if m.num_generation_tokens > 1]
         if len(decode) != n:
             raise RuntimeError(f"expected {decode_steps} decode steps for each of {n} requests")

@@ -82,25 +82,32 @@ def test_profile_writes_real_step_timings(profiled) -> None:
 
 
 @pytest.mark.vllm
-def test_served_profile_times_co_located_asyncllm_engines(tmp_path: Path) -> None:
-    """`--clock served --engines 2`: two engine cores in their own processes, one per core, as
-    rollouts run them; every point runs on both at once, steps timed from the cores'
-    per-request timestamps, all n prefills of an engine in one step (checked)."""
-    out = tmp_path / "served.jsonl"
+def test_served_pd_profile_times_a_prefill_decode_pair(tmp_path: Path) -> None:
+    """`--clock served --engines 2 --pd`: two engine cores in their own processes, one per core,
+    joined by the runtime's KV connector: engine 0 prefills each point (all n prompts in one
+    step, checked) and stores its KV, engine 1 loads it (checked: whole blocks arrive) and
+    decodes. The same served, co-located path `--engines 2` alone measures (load "mirror")."""
+    out = tmp_path / "served-pd.jsonl"
     res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32",
-                 "--cpu-bind", "0|1", "--clock", "served", "--engines", "2", "--repeats", "3")
+                 "--cpu-bind", "0|1", "--clock", "served", "--engines", "2", "--pd", "--repeats", "3")
     assert res.returncode == 0, res.stderr[-3000:]
     header, samples = read_samples(out)
     assert header["engine"]["clock"] == "served" and header["grid"]["points"] == 8
-    assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "mirror" and header["engine"]["cpu_threads_bind"] == "0|1"
-    assert all(0 <= s.repeat_spread < 1 for s in samples) and any(s.repeat_spread > 0 for s in samples)
-    prefill = [s for s in samples if s.kind == "prefill"]
-    decode = [s for s in samples if s.kind == "decode"]
-    assert len(prefill) == len(decode) == 8 and all(s.seconds > 0 for s in samples)
-    assert {s.prefill_prefix_tokens for s in prefill} == {0.0, 64.0, 16 * 64.0}
-    big = max(prefill, key=lambda s: s.prefill_tokens)
-    small = min(prefill, key=lambda s: s.prefill_tokens)
+    assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "pd" and header["engine"]["cpu_threads_bind"] == "0|1"
+    by_kind = {k: [s for s in samples if s.kind == k] for k in ("prefill", "decode", "handoff")}
+    assert all(len(v) == 8 for v in by_kind.values()) and all(s.seconds > 0 for s in samples)
+    assert {s.prefill_prefix_tokens for s in by_kind["prefill"]} == {0.0, 64.0, 16 * 64.0}
+    # the decode engine loaded the prefill engine's KV (the profiler checks every point): 16
+    # prompts of 64 + 128 tokens arrive as their 5 full 32-token blocks each
+    assert max(h.prefill_prefix_tokens for h in by_kind["handoff"]) == 16 * 160
+    big = max(by_kind["prefill"], key=lambda s: s.prefill_tokens)
+    small = min(by_kind["prefill"], key=lambda s: s.prefill_tokens)
     assert big.seconds > small.seconds  # 2048 vs 16 new tokens in one step
+    assert all(0 <= s.repeat_spread < 1 for s in samples) and any(s.repeat_spread > 0 for s in samples)
+    # pearl fit turns the pair's samples into a P/D profile with a handoff term
+    res = _pearl("fit", "--samples", str(out), "--out", str(tmp_path / "pd.json"), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert load_profile(tmp_path / "pd.json").kv_handoff is not None
 
 
 def _fit_predicts_held_out_steps(samples: Path, out: Path) -> dict:
@@ -164,6 +171,7 @@ def test_fit_rejects_unknown_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flags, named", [
     (("--engines", "2"), "--engines"),  # several engines at once are served engines
+    (("--clock", "served", "--pd"), "--pd"),  # a P/D pair is two engines
     (("--clock", "served", "--engines", "2", "--cpu-bind", "0||1"), "--cpu-bind"),
 ])
 def test_co_located_profile_flags_are_checked_before_an_engine_starts(tmp_path: Path, flags: tuple[str, ...], named: str) -> None:

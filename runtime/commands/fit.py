@@ -66,6 +66,7 @@ def fit(
         "n_train": report.n_train,
         "n_holdout": report.n_holdout,
         "coefficients": data["coefficients"],
+        **({"kv_handoff": data["kv_handoff"]} if "kv_handoff" in data else {}),
     }
     if as_json:
         print_json(result)
@@ -76,7 +77,7 @@ def fit(
     t = Table(title=f"fit {model} on {hardware} (tp {tp}) from {samples.name}")
     for c in ("step kind", "train n", "train MAPE %", "held-out n", "held-out MAPE %", "repeat noise %"):
         t.add_column(c)
-    for kind in ("prefill", "decode"):
+    for kind in report.train_mape:
         noise = report.repeat_noise[kind]
         t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}", f"{noise:.2f}" if noise else "not recorded")
     Console().print(t)

@@ -28,6 +28,7 @@ def profile(
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=64, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
     clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, blind to other processes on this machine though not to a VM host's stolen cycles) | served (an AsyncLLM engine in its own process, as rollouts run it: the engine core's per-request timestamps)"),
     repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
+    pd: bool = typer.Option(False, "--pd", help="with --clock served --engines 2: profile a disaggregated pair (engine 0 prefills and hands its KV to engine 1, which decodes) through the runtime's KV connector; adds 'handoff' samples"),
     engines: int = typer.Option(1, "--engines", min=1, help="with --clock served: engines run at once, as co-located rollout engines run (each point runs on all of them together; engine i binds to the i-th '|'-part of --cpu-bind, e.g. '0|1')"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
@@ -49,6 +50,8 @@ def profile(
         raise ConfigError("--clock", "clock", clock, "'thread' only with --cpu-bind set to one core (e.g. 0): the engine must compute on one thread")
     if engines > 1 and clock != "served":
         raise ConfigError("--engines", "engines", engines, "1 unless --clock served (several engines at once run as served AsyncLLM engines)")
+    if pd and (clock != "served" or engines != 2):
+        raise ConfigError("--pd", "pd", True, "only with --clock served --engines 2 (a prefill engine and a decode engine)")
     if clock == "served" and cpu_bind != "auto" and any(not part for part in cpu_bind.split("|")):
         raise ConfigError("--cpu-bind", "cpu_bind", cpu_bind, "cores per engine separated by '|', e.g. 0|1")
     lookup_model_and_hardware(model, hardware)  # bad --model / --hardware: one clear error before an engine starts
@@ -65,7 +68,7 @@ def profile(
     points = g.points(max_model_len, max_num_batched_tokens)
     settings = profiling.EngineSettings(
         model_dir=str(model_dir), dtype=dtype, load_format=load_format, max_model_len=max_model_len,
-        tp=tp, max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind, clock=clock, engines=engines,
+        tp=tp, max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib, cpu_threads_bind=cpu_bind, clock=clock, engines=engines, pd=pd,
     )
 
     from rich.console import Console

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from models.builder import ExperimentModels, build_models
 from models.config import Distribution, ExperimentSpec
-from models.step_latency import EngineProfile, StepCoefficients
+from models.step_latency import EngineProfile
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,6 @@ def _with_mean(d: Distribution, mean: float) -> Distribution:
     return d.model_copy(update=upd)
 
 
-def scale_profile(p: EngineProfile, k: float) -> EngineProfile:
-    def sc(c: StepCoefficients) -> StepCoefficients:
-        return StepCoefficients.from_vector(c.vector() * k)
-
-    return replace(p, prefill=sc(p.prefill), decode=sc(p.decode), notes=f"{p.notes} (runtime-calibrated x{k:.3g})".strip())
-
-
 @dataclass
 class RuntimeTracker:
     """Refits the experiment's models from measured steps (see module docstring)."""
@@ -94,7 +87,7 @@ class RuntimeTracker:
     transition_s: dict[str, float] = field(default_factory=dict)
 
     def models(self) -> ExperimentModels:
-        return build_models(self.spec, profile=scale_profile(self.base_profile, self.speed), env_scale=self.env_scale)
+        return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, speed=self.speed)
 
     def record_transition(self, kind: str, seconds: float) -> None:
         old = self.transition_s.get(kind)
