@@ -7,7 +7,9 @@ given the current time and the engine answers with the time of its next event.
 What it models (vLLM v1 semantics):
 - requests carry new tokens to prefill on top of a cached prefix, and tokens to decode;
 - roles: `colocated` (prefill then decode here), `prefill` (prefill only; the KV is sent
-  away), `decode` (KV arrives from a prefill instance; decode only);
+  away), `decode` (KV arrives from a prefill instance; decode only; where the profile
+  measured the takeover, `kv_handoff`, the step that admits arrivals costs its time, with the
+  running decodes stalled, as the predictor charges it);
 - a step is one forward pass: waiting prefills are chunked into a token budget and ride
   along with the running decodes (mixed step, prefill coefficients), else a decode-only
   step over all running sequences;
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from models import architecture as arch
-from models.step_latency import StepLatencyModel
+from models.step_latency import KVHandoff, StepLatencyModel
 
 Role = Literal["colocated", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
@@ -238,6 +240,7 @@ class Engine:
     cfg: EngineConfig
     t: float = 0.0  # time up to which the state is materialized (a step boundary while busy)
     cost: StepCost = field(init=False)
+    _handoff: KVHandoff | None = field(init=False, default=None)
     stats: EngineStats = field(default_factory=EngineStats)
     cache: PrefixCache = field(default_factory=PrefixCache)
     _waiting: deque = field(default_factory=deque)
@@ -250,7 +253,7 @@ class Engine:
     _kv: float = 0.0
     _admitted_prefill: int = 0
     # the current segment
-    _kind: str = "idle"  # idle | mixed | decode
+    _kind: str = "idle"  # idle | mixed | decode | takeover
     _seg_t0: float = 0.0
     _seg_end: float = math.inf
     _seg_k: int = 0
@@ -261,6 +264,8 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.cost = _cost_of(self.cfg.step)
+        # a measured P -> D takeover (P/D profiles): decode instances pay it when arrivals join
+        self._handoff = self.cfg.step.profile.kv_handoff if self.cfg.role == "decode" else None
         self._affine = _affine_table(self.cost, self.cfg.max_seqs)
 
     # ------------------------------------------------------------------ queries
@@ -288,7 +293,7 @@ class Engine:
         self._sync(now, ceil=True)
         req = self._apply_cache(req)
         self._waiting.append(_Waiting(req))
-        if self._kind == "mixed" and now <= self._seg_t0:
+        if self._kind in ("mixed", "takeover") and now <= self._seg_t0:
             self._kind = "idle"  # the step has not started yet: it takes this request too
         if self._kind == "idle":
             self.t = max(self.t, now)
@@ -301,6 +306,10 @@ class Engine:
             return out
         if self._kind == "mixed":
             self._finish_mixed(out)
+        elif self._kind == "takeover":
+            self.stats.busy_s += self._seg_end - self._seg_t0
+            self.t = self._seg_end
+            self._join_admitted()
         else:
             self._advance_decode(self._seg_k)
             self.t = self._seg_end
@@ -440,11 +449,14 @@ class Engine:
                 continue
             self._admitted_prefill += 1
             self._adm_seqs += w.req.width
-        if self.cfg.role == "decode":
-            while self._waiting and self._waiting[0].admitted:
-                w = self._waiting.popleft()
-                r = w.req
-                self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r), r.width, r.cache_key)
+        if self.cfg.role == "decode" and self._handoff is None:
+            self._join_admitted()
+
+    def _join_admitted(self) -> None:
+        """Admitted arrivals on a decode instance start decoding (their KV is here)."""
+        while self._waiting and self._waiting[0].admitted:
+            r = self._waiting.popleft().req
+            self._join(r.rid, float(r.prefix_tokens + r.prefill_tokens), r.decode_tokens, 0, self._reserve_of(r), r.width, r.cache_key)
 
     def _join(self, rid: int, ctx: float, total: int, pre: int, reserve: float, width: int = 1, key: Hashable | None = None) -> None:
         left = total - pre
@@ -456,6 +468,12 @@ class Engine:
     def _plan(self) -> None:
         self.t = max(self.t, self._hold)
         self._admit_waiting()
+        if self._handoff is not None and self._waiting and self._waiting[0].admitted:
+            # one step takes over every admitted arrival (loads its KV); the decodes wait
+            arrived = [w for w in self._waiting if w.admitted]
+            dt = float(self._handoff.time(sum(w.req.width for w in arrived), sum(w.req.width * w.req.prefill_tokens for w in arrived)))
+            self._kind, self._seg_t0, self._seg_end = "takeover", self.t, self.t + dt
+            return
         c = self._c
         budget = self.cfg.max_batched_tokens - c
         batch: list[tuple[_Waiting, int]] = []

@@ -90,3 +90,31 @@ def test_deployment_names_a_profile_per_mode(config_tree: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_experiment(path)
     assert info.value.field == "profile_by_engines.2.disaggregated" and info.value.value == "no-such"
+
+
+def test_engine_model_charges_the_takeover_on_decode_instances() -> None:
+    """The simulator's and emulated engine's decode instance: arrivals admitted together cost one
+    takeover step, h(k, loaded), before decoding goes on (what the predictor charges)."""
+    import math
+
+    from models.engine import Engine, EngineConfig, Request
+
+    spec = load_experiment(CONFIG_ROOT / "experiments/cpu-tiny.yaml")
+    base = load_profile(CONFIG_ROOT / "profiles/cpu-tiny-served-x2.json")
+    h = KVHandoff(fixed_s=0.02, per_request_s=0.003, per_token_s=1e-5)
+
+    def finish(profile) -> dict[int, float]:
+        step = build_models(spec, profile=base, pd_profile=profile).predictor.decode_engine
+        eng = Engine(EngineConfig(step, "decode", kv_capacity_tokens=math.inf))
+        for rid in range(3):  # three trajectories' KV lands at once: 128 tokens each
+            eng.submit(Request(rid, 128, 0, 8), 0.0)
+        done: dict[int, float] = {}
+        while not eng.idle():
+            for o in eng.on_event(eng.next_event()):
+                done[o.rid] = o.time
+        return done
+
+    plain, taken = finish(base), finish(replace(base, kv_handoff=h))
+    assert set(plain) == set(taken) == {0, 1, 2}
+    for rid in plain:
+        assert taken[rid] - plain[rid] == pytest.approx(float(h.time(3, 3 * 128)), rel=1e-9)
