@@ -108,9 +108,12 @@ def mape(samples: list[StepSample], coeffs: StepCoefficients, llm: LLMSpec, gpu:
     return float(np.mean(np.abs(pred - y) / y) * 100)
 
 
-def repeat_noise_pct(samples: list[StepSample]) -> float:
-    """Mean repeat spread (%) of the samples: how far one measurement of a shape strays."""
-    return float(np.mean([s.repeat_spread for s in samples]) * 100) if samples else float("nan")
+def repeat_noise_pct(samples: list[StepSample]) -> float | None:
+    """Mean repeat spread (%) of the samples: how far one measurement of a shape strays
+    (None where the samples predate its recording)."""
+    if not any(s.repeat_spread > 0 for s in samples):
+        return None
+    return float(np.mean([s.repeat_spread for s in samples]) * 100)
 
 
 def fit_handoff(samples: list[StepSample]) -> KVHandoff:
@@ -150,7 +153,7 @@ class FitReport:
     holdout_mape: dict[str, float]
     n_train: dict[str, int]
     n_holdout: dict[str, int]
-    repeat_noise: dict[str, float]
+    repeat_noise: dict[str, float | None]
 
 
 def fit_profile(
@@ -171,7 +174,7 @@ def fit_profile(
     ho_m: dict[str, float] = {}
     n_tr: dict[str, int] = {}
     n_ho: dict[str, int] = {}
-    noise: dict[str, float] = {}
+    noise: dict[str, float | None] = {}
     for kind in ("prefill", "decode"):
         tr = [s for s in train if s.kind == kind]
         ho = [s for s in test if s.kind == kind]

@@ -122,7 +122,7 @@ def _fit_predicts_held_out_steps(samples: Path, out: Path) -> dict:
     report = json.loads(res.stdout)
     for kind, bound in HOLDOUT_MAPE_BOUND_PCT.items():
         assert report["n_holdout"][kind] >= 2
-        bound = max(bound, NOISE_FACTOR * report["repeat_noise_pct"][kind])
+        bound = max(bound, NOISE_FACTOR * (report["repeat_noise_pct"][kind] or 0.0))  # None: not recorded
         assert report["holdout_mape_pct"][kind] < bound, (kind, report["holdout_mape_pct"], report["train_mape_pct"], report["repeat_noise_pct"])
     return report
 
