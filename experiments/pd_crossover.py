@@ -65,6 +65,7 @@ def sweep(spec: ExperimentSpec, trajectories_per_item: int = 1, env_scale: float
             "disaggregation_gain_pct": round((col.completion_s / dis.completion_s - 1.0) * 100.0, 2),
             "prefill_path_s": round(dis.prefill_path_s, 2),
             "decode_path_s": round(dis.decode_path_s, 2),
+            "prefill_queue_s": round(dis.prefill_queue_s, 2),
             "colocated_decode_concurrency": round(col.mean_concurrency, 2),
             "colocated_prefill_share_of_engine_time_pct": round(use.prefill_time_share * 100.0, 2),
             "colocated_decode_tok_s_per_gpu": round(use.decode_tok_s / m.tp_colocated, 1),

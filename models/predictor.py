@@ -28,12 +28,29 @@ mean more prefill, not an infeasible batch.
 For a given c, T has a closed form (a quadratic in T); c itself is iterated down from
 min(m, cap) to the largest fixed point, the one continuous batching settles at.
 
-Disaggregation is split into two separable paths so that the planner's integer program
-stays exact and linear (completion = max of the two, like the paper's Eq. 2-3):
+Disaggregation is split into two separable paths and a queue term of N_P alone, so that the
+planner's integer program stays exact and linear (completion = max of the two paths, like the
+paper's Eq. 2-3, + the queue):
   decode path   T_D(N_D): the fixed point above with phi = 0, plus unloaded prefill and
                 the KV transfer of each turn's new tokens on the trajectory's path;
   prefill path  T_P(N_P): every turn's batched prefills and KV sends on N_P instances,
                 plus the last turn's own decode and tool wait.
+  prefill queue Q(N_P):   completion = max(T_P, T_D) + Q. The decode path charges each turn
+                an unloaded prefill, but trajectories that reach a busy prefill instance queue.
+                Per turn k: a_k an instance's prefill work (its m_k = B_k / N_P requests
+                batched, as in T_P), S_k one request's prefill, b_k = T_env + S_k + KV send
+                + r tau(1) the turn without queueing (decode at concurrency 1, so that Q does
+                not depend on N_D). Arrivals come from a closed loop: the M/D/1 wait
+                W = rho S / (2 (1 - rho)) at the utilisation the loop itself generates,
+                rho = a / (b + W), solves to W(a, b) = ((a - b) + sqrt((a - b)^2 + 2 a S)) / 2,
+                the M/D/1 wait when lightly loaded and finite at any load. Past saturation
+                (a > b) the instance's longer cycle, a - b per turn, is the prefill path's
+                (T_P waits out every cycle), so the queue keeps its value at rho = 1:
+                W_k = W(min(a_k, b_k), b_k), at most sqrt(b S / 2). Turn 0 starts in
+                lockstep: every request arrives at once and the critical trajectory's place
+                in line is uniform, W_0 = (a_0 - S_0) / 2. Q = sum_k W_k: ~0 on lightly
+                loaded instances, non-increasing in N_P (so no prediction falls as prefill
+                load grows), and priced by the planner on the prefill role.
 """
 
 from __future__ import annotations
@@ -156,15 +173,19 @@ def _turn_counts(workload: WorkloadSpec, b: int) -> np.ndarray:
     return np.maximum(np.searchsorted(cdf, q, side="left"), 1).astype(int)
 
 
-def best_split(prefill_s: np.ndarray, decode_s: np.ndarray) -> int:
+def best_split(prefill_s: np.ndarray, decode_s: np.ndarray, queue_s: np.ndarray | None = None) -> int:
     """Prefill instances of the best P:D split of n = len(prefill_s) + 1 instances.
 
-    prefill_s[i] and decode_s[i] are the prefill and decode path times (s) of the split
-    n_p = i + 1, n_d = n - n_p. The batch completes with the slower path, so the best split
-    minimises the larger of the two; ties go to the fewest prefill instances. The one rule
-    for the predictor's `best_disaggregated` and the planner's static (fixed P:D) split.
+    prefill_s[i], decode_s[i] and queue_s[i] are the prefill path, decode path and prefill
+    queue times (s) of the split n_p = i + 1, n_d = n - n_p. The batch completes with the
+    slower path plus the queueing, so the best split minimises max(prefill, decode) + queue;
+    ties go to the fewest prefill instances. The one rule for the predictor's
+    `best_disaggregated` and the planner's static (fixed P:D) split.
     """
-    return int(np.argmin(np.maximum(prefill_s, decode_s))) + 1
+    total = np.maximum(prefill_s, decode_s)
+    if queue_s is not None:
+        total = total + queue_s
+    return int(np.argmin(total)) + 1
 
 
 @dataclass(frozen=True)
@@ -187,6 +208,7 @@ class Prediction:
     prefill_path_s: float = 0.0
     decode_path_s: float = 0.0
     mean_concurrency: float = 0.0
+    prefill_queue_s: float = 0.0  # disaggregated: queueing at prefill instances beyond both paths (in completion_s)
 
 
 @dataclass(frozen=True)
@@ -364,6 +386,36 @@ class RolloutPredictor:
         last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
         return (busy + send).sum(axis=1) + last
 
+    def _unqueued_turn(self) -> np.ndarray:
+        """b_k: a turn of the decode path without queueing or decode contention (concurrency 1),
+        so that the prefill queue depends on N_P alone."""
+        if "b1" not in self._cache:
+            s = self.shape
+            fresh, _ = s.prefill_engine_tokens()
+            decode = s.response_tokens * self._tau(self.decode_engine, np.ones(1))
+            self._cache["b1"] = s.env_s + self._single_pd_prefill() + self._kv_send_s(fresh, self.prefill_engine) + decode
+        return self._cache["b1"]
+
+    def prefill_queue_many(self, n_p: np.ndarray) -> np.ndarray:
+        """Q(N_P): seconds the critical trajectory queues at prefill instances, summed over its
+        turns, beyond its own unloaded prefill, for each prefill instance count in n_p (module
+        docstring). A function of N_P alone, so that the planner's program stays separable."""
+        s = self.shape
+        n = np.asarray(n_p, dtype=float)[:, None]
+        if s.turns == 0:
+            return np.zeros(n.shape[0])
+        eng = self.prefill_engine
+        m = s.active[None, :] / n
+        fresh, cached = s.prefill_engine_tokens()
+        new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), fresh, cached, fresh + cached)
+        a = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)  # one instance's prefill work per turn, as in T_P
+        own, b = self._single_pd_prefill(), self._unqueued_turn()
+        load = np.minimum(a, b)  # past saturation the longer cycle is T_P's, not the queue's
+        d = load - b
+        wait = 0.5 * (d + np.sqrt(d * d + 2.0 * load * own))  # closed-loop M/D/1
+        wait[:, 0] = 0.5 * np.maximum(a[:, 0] - own[0], 0.0)  # lockstep start: a uniform place in line
+        return wait.sum(axis=1)
+
     # -- scalar conveniences
     def colocated(self, n: int) -> Prediction:
         if n < 1:
@@ -375,8 +427,10 @@ class RolloutPredictor:
         if n_p < 1 or n_d < 1:
             return Prediction(math.inf, "disaggregated", prefill=n_p, decode=n_d)
         tp_ = float(self.prefill_path_many(np.array([n_p]))[0])
+        q = float(self.prefill_queue_many(np.array([n_p]))[0])
         td, c = self.decode_path_many(np.array([n_d]))
-        return Prediction(max(tp_, float(td[0])), "disaggregated", prefill=n_p, decode=n_d, prefill_path_s=tp_, decode_path_s=float(td[0]), mean_concurrency=float(c[0]))
+        return Prediction(max(tp_, float(td[0])) + q, "disaggregated", prefill=n_p, decode=n_d, prefill_path_s=tp_, decode_path_s=float(td[0]),
+                          mean_concurrency=float(c[0]), prefill_queue_s=q)
 
     def best_disaggregated(self, total: int) -> Prediction:
         """Best split of `total` instances into prefill + decode (each >= 1)."""
@@ -384,6 +438,8 @@ class RolloutPredictor:
             return Prediction(math.inf, "disaggregated")
         n_p = np.arange(1, total)
         tp_ = self.prefill_path_many(n_p)
+        q = self.prefill_queue_many(n_p)
         td, c = self.decode_path_many(total - n_p)
-        i = best_split(tp_, td) - 1
-        return Prediction(max(float(tp_[i]), float(td[i])), "disaggregated", prefill=int(n_p[i]), decode=int(total - n_p[i]), prefill_path_s=float(tp_[i]), decode_path_s=float(td[i]), mean_concurrency=float(c[i]))
+        i = best_split(tp_, td, q) - 1
+        return Prediction(max(float(tp_[i]), float(td[i])) + float(q[i]), "disaggregated", prefill=int(n_p[i]), decode=int(total - n_p[i]),
+                          prefill_path_s=float(tp_[i]), decode_path_s=float(td[i]), mean_concurrency=float(c[i]), prefill_queue_s=float(q[i]))

@@ -28,6 +28,7 @@ class LinearModel:
     const: int = 0
     x: list[list[int | None]] = field(default_factory=list)  # per group, per role: var index or None
     T: int = -1
+    queue: list[tuple[int, int]] = field(default_factory=list)  # (y var, q_ms): completion = T + sum q y
 
     def var(self, name: str, lb: int, ub: int) -> int:
         self.lb.append(lb)
@@ -99,7 +100,7 @@ def linear_model(p: PlanningProblem) -> LinearModel:
     lo_m = 0 if "colocated" in p.modes and p.fixed_pd is None else 1
     hi_m = 1 if "disaggregated" in p.modes else 0
     m = lm.var("m", lo_m, hi_m)
-    t_max = max([t for e in p.entries for _, t in e] + [0])
+    t_max = max([t for e in p.entries for _, t, _ in e] + [0])
     T = lm.var("T", 0, t_max)
     lm.T = T
     lm.cost(T, 1)
@@ -107,10 +108,14 @@ def linear_model(p: PlanningProblem) -> LinearModel:
         n_max = sum(lm.ub[v] for v, _ in role_vars[r])
         k_max = p.max_instances(r)
         ys = []
-        for k, t in p.entries[r]:
+        for k, t, q in p.entries[r]:
             if k > k_max:
                 continue
-            ys.append((lm.var(f"y[{r},{k}]", 0, 1), k, t))
+            y = lm.var(f"y[{r},{k}]", 0, 1)
+            ys.append((y, k, t))
+            if q:  # the entry's queueing comes on top of the slower path: a linear cost
+                lm.cost(y, q)
+                lm.queue.append((y, q))
         lm.row([(y, 1) for y, _, _ in ys], 1, 1)
         y0 = ys[0][0]
         # role unused <=> entry 0: colocated when m = 1, prefill/decode when m = 0
@@ -137,7 +142,8 @@ def _solution(p: PlanningProblem, lm: LinearModel, values: list[float] | None, s
     if values is None:
         return Solution(status, tuple((0, 0, 0) for _ in p.groups), 0, 0, bound, ms, backend)
     x = tuple(tuple(int(round(values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
-    return Solution(status, x, int(round(values[lm.T])), int(round(obj)), bound, ms, backend)  # type: ignore[arg-type]
+    completion = int(round(values[lm.T])) + sum(q * int(round(values[y])) for y, q in lm.queue)
+    return Solution(status, x, completion, int(round(obj)), bound, ms, backend)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------- CP-SAT

@@ -8,7 +8,8 @@ predictor's vectorised numpy functions.
 from __future__ import annotations
 
 import math
-
+from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,48 +21,79 @@ from models.config import CostWeights, SolverSpec
 MEMORY_UTILIZATION = 0.9
 
 
+Entry = tuple[int, int, int]  # (k instances, t_ms path time, q_ms queueing added on top), milliseconds
+
+
 @dataclass(frozen=True)
 class RoleTable:
-    """Predicted seconds with k instances of one role, k = 0..max (index 0 unused: inf)."""
+    """Predicted seconds with k instances of one role, k = 0..max (index 0 unused: inf).
+
+    `queue` is what the role adds to the completion on top of the slower path (the prefill
+    role's queueing, models/predictor.py: completion = max(T_P, T_D) + Q(N_P)); zeros if None.
+    """
 
     role: str
     tp: int
     seconds: np.ndarray = field(compare=False)
-    improving: tuple[tuple[int, int], ...] = field(init=False, compare=False, repr=False)
+    queue: np.ndarray | None = field(default=None, compare=False)
+    improving: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "improving", improving_entries(self.seconds))
+        if self.queue is None:
+            object.__setattr__(self, "queue", np.zeros(self.seconds.shape[0]))
+        object.__setattr__(self, "improving", improving_entries(self.seconds, self.queue))
 
     @property
     def max_instances(self) -> int:
         return int(self.seconds.shape[0]) - 1
 
     def envelope(self, k: int) -> float:
-        """Completion with k instances when extra ones may idle: min over 1..k (inf at 0)."""
+        """Path time with k instances when extra ones may idle: min over 1..k (inf at 0); queue not included."""
         if k < 1:
             return float("inf")
         k = min(k, self.max_instances)
         return float(np.min(self.seconds[1 : k + 1]))
 
 
-def improving_entries(seconds: np.ndarray) -> tuple[tuple[int, int], ...]:
-    """(k, t_ms) entries of the running-minimum table that strictly improve, plus (0, 0).
+def pareto_entries(rows: Iterable[Entry]) -> tuple[Entry, ...]:
+    """The rows (in order of k, (0, ...) first and always kept) that no earlier kept row dominates.
 
-    An entry that is no faster than one with fewer instances is dominated: the solver may
-    always idle the extra instances, so it never needs to select it. Computed once per table
-    (a value of the table, not a cache), milliseconds as the integer program counts them.
+    A row is dominated by one with fewer instances that is no slower (t) and queues no longer
+    (q): the solver may always idle the extra instances, so it never needs to select it. With
+    q = 0 throughout this keeps exactly the strictly improving running minimum of t. The kept
+    rows' (t, q) staircase (t ascending, q descending) answers each test by bisection.
     """
-    out: list[tuple[int, int]] = [(0, 0)]
-    best = math.inf
-    for k in range(1, seconds.shape[0]):
-        t = float(seconds[k])
-        if not math.isfinite(t):
+    out: list[Entry] = []
+    front_t: list[int] = []
+    front_q: list[int] = []
+    for k, t, q in rows:
+        if k == 0:
+            out.append((k, t, q))
             continue
-        tm = int(round(t * 1000.0))
-        if tm < best:
-            best = tm
-            out.append((k, tm))
+        i = bisect_right(front_t, t)  # front[:i]: kept rows no slower; the last queues least of them
+        if i and front_q[i - 1] <= q:
+            continue
+        out.append((k, t, q))
+        j = i
+        while j < len(front_t) and front_q[j] >= q:  # slower rows that queue no less: dominated from now on
+            j += 1
+        front_t[i:j], front_q[i:j] = [t], [q]
     return tuple(out)
+
+
+def improving_entries(seconds: np.ndarray, queue: np.ndarray | None = None) -> tuple[Entry, ...]:
+    """(k, t_ms, q_ms) entries of the table that no entry with fewer instances dominates, plus (0, 0, 0).
+
+    Computed once per table (a value of the table, not a cache), milliseconds as the integer
+    program counts them. Without a queue these are the strictly improving running minima.
+    """
+    q = np.zeros(seconds.shape[0]) if queue is None else queue
+    rows: list[Entry] = [(0, 0, 0)]
+    for k in range(1, seconds.shape[0]):
+        t, w = float(seconds[k]), float(q[k])
+        if math.isfinite(t) and math.isfinite(w):
+            rows.append((k, int(round(t * 1000.0)), int(round(w * 1000.0))))
+    return pareto_entries(rows)
 
 
 @dataclass(frozen=True)
@@ -127,13 +159,15 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
 
     def tab(role: str, tp: int) -> RoleTable:
         n = np.arange(1, max(max_gpus // tp, 1) + 1)
+        queue = None
         if role == "colocated":
             t = p.colocated_many(n)[0]
         elif role == "prefill":
             t = p.prefill_path_many(n)
+            queue = np.concatenate([[0.0], p.prefill_queue_many(n)])  # priced on the prefill role: separable
         else:
             t = p.decode_path_many(n)[0]
-        return RoleTable(role, tp, np.concatenate([[np.inf], np.asarray(t, dtype=float)]))
+        return RoleTable(role, tp, np.concatenate([[np.inf], np.asarray(t, dtype=float)]), queue)
 
     c = models.costs
     w = weights or spec.costs

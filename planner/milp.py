@@ -3,16 +3,19 @@
 Data (`PlanningProblem`, integers in milliseconds so every backend sees the same numbers):
   groups g    interchangeable GPUs (node, pool, type) with `cap` usable GPUs and `cur[r]`
               current instances of role r whose GPUs stay usable.
-  tables      per role r: entries (k, t_ms) = "with at least k instances the role's path
-              completes in t_ms". Extra instances may idle, so completion is the running
-              minimum of the predictor's table; entries that do not improve on a smaller k
-              are dominated and pruned. Entry (0, 0) means "role unused".
+  tables      per role r: entries (k, t_ms, q_ms) = "with at least k instances the role's
+              path completes in t_ms and adds q_ms of queueing on top of the completion"
+              (q: the prefill role's queue Q(N_P), models/predictor.py; 0 for the other
+              roles). Extra instances may idle, so an entry is dominated, and pruned, when
+              one with fewer instances is no worse in both t and q (with q = 0: the running
+              minimum of the predictor's table). Entry (0, 0, 0) means "role unused".
 Variables:
   x[g,r]      instances of role r on group g (TP GPUs each, inside the group: TP within node)
   d[g,r], s[g,r]  instances started / stopped;  d - s = x - cur
   u[g,c]      survivors that switch role inside TP class c (same TP): u <= sum d, u <= sum s
   m           1 = disaggregated; y[r,k] one-hot selection of table entry k of role r
-  T           priced completion (ms, see Objective): T >= sum_k t_ms[r,k] y[r,k] for every role
+  T           priced slower path (ms, see Objective): T >= sum_k t_ms[r,k] y[r,k] for every role;
+              the completion is T + sum_r,k q_ms[r,k] y[r,k] (disaggregated: max(T_P, T_D) + Q)
 Constraints (families, named when infeasible):
   availability    sum_r tp_r x[g,r] <= cap[g]   (preempted / noticed GPUs have cap 0)
   borrow_window   training groups have cap 0 unless the trainer waits and lend + return fit
@@ -22,17 +25,18 @@ Constraints (families, named when infeasible):
                   predictor's tables (fewer resident trajectories, evicted prefixes prefilled again)
   mode            y[C,0] = m, y[P,0] = y[D,0] = 1 - m; N_r >= sum_k k y[r,k]; N_C <= M(1-m) ...
   policy          fixed mode / fixed P:D counts / allowed pools (baselines, ablations)
-Objective: T + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant, per batch of
-  the horizon (H = horizon_batches): a change's gain counts over H batches, its cost once.
-  T prices the work the configuration will serve: the tables predict a fresh batch of B
-  trajectories, but mid-batch only R of them are left, so every table entry is priced at
-  round(f * t_ms) with f = (min(R/B, H) + max(H - 1, 0)) / H (the rest of this batch, then
-  H - 1 fresh ones, per batch). f = 1 for a fresh batch (R/B = 1) or R/B = 0 (the batch is
+Objective: T + sum_r,k q_ms y + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_ms u + constant,
+  per batch of the horizon (H = horizon_batches): a change's gain counts over H batches, its
+  cost once. The completion prices the work the configuration will serve: the tables predict
+  a fresh batch of B trajectories, but mid-batch only R of them are left, so every table
+  entry is priced at round(f * t_ms) and round(f * q_ms) with f = (min(R/B, H) + max(H - 1, 0))
+  / H (the rest of this batch, then H - 1 fresh ones, per batch). f = 1 for a fresh batch (R/B = 1) or R/B = 0 (the batch is
   complete: the configuration next serves a fresh one); for H = 1, f = R/B as in Eq. 7,
   which weighs completion differences by R/B. Pricing is monotone, so pruning stays exact
-  and T's optimum is round(f * the predicted batch completion); `Decision` reports the
-  latter. Transition prices are not scaled by f: a switch mid-batch costs what it costs at
-  a batch boundary, so its gain shrinks with what is left and its cost does not.
+  and the completion term is round(f * the slower path) + round(f * the queue), within 1 ms
+  of round(f * the predicted batch completion); `Decision` reports the latter. Transition
+  prices are not scaled by f: a switch mid-batch costs what it costs at a batch boundary, so
+  its gain shrinks with what is left and its cost does not.
   Start/stop/switch are priced as seconds of blocked GPUs spread over the dedicated usable
   GPUs, times transition_weight / H; `constant_ms` prices unavoidable stops. Training-GPU
   starts are priced at lend + return unless `Options.toggle_in_objective` is off: gated
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.inputs import PlanningInputs, RoleTable
+from planner.inputs import Entry, PlanningInputs, RoleTable, pareto_entries
 from planner.state import ROLES, ClusterState, TrainerPhase
 
 FAMILIES = ("availability", "borrow_window", "memory", "policy")
@@ -109,7 +113,7 @@ class GroupData:
 class PlanningProblem:
     groups: tuple[GroupData, ...]
     tp: tuple[int, int, int]
-    entries: tuple[tuple[tuple[int, int], ...], ...]  # per role: (k, priced t_ms), k=0 first
+    entries: tuple[tuple[Entry, ...], ...]  # per role: (k, priced t_ms, priced q_ms), k=0 first
     modes: tuple[str, ...]
     fixed_pd: tuple[int, int] | None
     max_gpus: int | None
@@ -119,9 +123,9 @@ class PlanningProblem:
     relax: tuple[str, ...] = ()
     borrow_closed: bool = False  # training GPUs exist but the borrow window is shut
     work: float = 1.0  # f: the share of a fresh batch's completion the objective prices (see Objective)
-    # per role: the improving (k, t_ms) entries of a fresh batch, unpriced and unpruned by cost:
-    # what `batch_completion_ms` reports (the predicted batch time, whatever f is)
-    batch_entries: tuple[tuple[tuple[int, int], ...], ...] = ((), (), ())
+    # per role: the undominated (k, t_ms, q_ms) entries of a fresh batch, unpriced and unpruned by
+    # cost: what `batch_completion_ms` reports (the predicted batch time, whatever f is)
+    batch_entries: tuple[tuple[Entry, ...], ...] = ((), (), ())
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def max_instances(self, r: int) -> int:
@@ -143,8 +147,8 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000.0))
 
 
-def prune_table(table: RoleTable, k_max: int) -> tuple[tuple[int, int], ...]:
-    """The table's strictly improving (k, t_ms) entries with at most `k_max` instances."""
+def prune_table(table: RoleTable, k_max: int) -> tuple[Entry, ...]:
+    """The table's undominated (k, t_ms, q_ms) entries with at most `k_max` instances."""
     return tuple(e for e in table.improving if e[0] <= k_max)
 
 
@@ -161,41 +165,35 @@ def work_fraction(unfinished: float, horizon_batches: float) -> float:
     return (min(r, h) + max(h - 1.0, 0.0)) / h
 
 
-def price_entries(entries: tuple[tuple[int, int], ...], work: float) -> tuple[tuple[int, int], ...]:
-    """(k, round(work * t_ms)) of improving entries, keeping only those still strictly improving.
+def price_entries(entries: tuple[Entry, ...], work: float) -> tuple[Entry, ...]:
+    """(k, round(work * t_ms), round(work * q_ms)) of undominated entries, keeping those still undominated.
 
-    Rounding a scaled value is monotone, so the order survives; of two entries that round to
-    the same value the one with fewer instances is never worse (more instances cost more)."""
-    out: list[tuple[int, int]] = []
-    for k, t in entries:
-        priced = t if k == 0 else int(round(work * t))
-        if k == 0 or len(out) == 1 or priced < out[-1][1]:
-            out.append((k, priced))
-    return tuple(out)
+    Rounding a scaled value is monotone, so dominance survives; of two entries that round to
+    the same values the one with fewer instances is never worse (more instances cost more)."""
+    return pareto_entries(e if e[0] == 0 else (e[0], int(round(work * e[1])), int(round(work * e[2]))) for e in entries)
 
 
-def _prune_against_partner(pre: tuple[tuple[int, int], ...], dec: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-    """Disaggregated completion is max(prefill, decode) >= the partner's best time, so among a
-    role's entries at or below that floor only the one with the fewest instances can be chosen
-    by an optimum (more instances cost more and cannot lower the max). Exact."""
+def _prune_against_partner(pre: tuple[Entry, ...], dec: tuple[Entry, ...]) -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
+    """Disaggregated completion is max(prefill, decode) + queue, and the max is at least the
+    partner's best time: a role's t below that floor changes nothing, so with t raised to the
+    floor an entry that one with fewer instances dominates (no worse in t and q) cannot be
+    chosen by an optimum (more instances cost more). Without queues: only the first entry at
+    or below the floor survives. Exact."""
 
-    def cut(own: tuple[tuple[int, int], ...], floor: int | None) -> tuple[tuple[int, int], ...]:
+    def cut(own: tuple[Entry, ...], floor: int | None) -> tuple[Entry, ...]:
         if floor is None:
             return own
-        out = [own[0]]
-        for k, t in own[1:]:
-            out.append((k, t))
-            if t <= floor:
-                break
-        return tuple(out)
+        kept = {k for k, _, _ in pareto_entries((k, max(t, floor) if k else t, q) for k, t, q in own)}
+        return tuple(e for e in own if e[0] in kept)
 
-    best_p = min((t for k, t in pre if k > 0), default=None)
-    best_d = min((t for k, t in dec if k > 0), default=None)
+    best_p = min((t for k, t, _ in pre if k > 0), default=None)
+    best_d = min((t for k, t, _ in dec if k > 0), default=None)
     return cut(pre, best_d), cut(dec, best_p)
 
 
-def _completion_floor(entries: tuple[tuple[tuple[int, int], ...], ...]) -> int:
-    best = [min((t for k, t in e if k > 0), default=None) for e in entries]
+def _completion_floor(entries: tuple[tuple[Entry, ...], ...]) -> int:
+    """A lower bound on T (the slower path; queues come on top) whichever mode is chosen."""
+    best = [min((t for k, t, _ in e if k > 0), default=None) for e in entries]
     cands = []
     if best[0] is not None:
         cands.append(best[0])
@@ -276,7 +274,7 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     # the "role unused" entry may carry any valid lower bound on T instead of 0: it tightens
     # the LP relaxation (T >= lower bound whichever mode is chosen) without cutting solutions
     floor = _completion_floor(entries)
-    entries = tuple(((0, floor),) + e[1:] for e in entries)
+    entries = tuple(((0, floor, 0),) + e[1:] for e in entries)
     modes = options.modes if "policy" not in relax else ("colocated", "disaggregated")
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
@@ -288,10 +286,11 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
 def bound_prune(problem: PlanningProblem) -> PlanningProblem:
     """Drop table entries no optimum can select, using the current configuration as incumbent.
 
-    Selecting entry (k, t) of role r needs at least k instances of r; beyond the C_r current
-    ones each costs at least the cheapest start or switch. If t + that lower bound (+ the
-    unavoidable constant) exceeds the current configuration's objective, the entry cannot
-    be optimal. Exact; shrinks the one-hot when the cluster changes little.
+    Selecting entry (k, t, q) of role r needs at least k instances of r; beyond the C_r current
+    ones each costs at least the cheapest start or switch. The completion is at least t + q, so
+    if that + the start lower bound (+ the unavoidable constant) exceeds the current
+    configuration's objective, the entry cannot be optimal. Exact; shrinks the one-hot when
+    the cluster changes little.
     """
     cur = tuple((g.total_cur(0), g.total_cur(1), g.total_cur(2)) for g in problem.groups)
     if not any(any(v) for v in cur):
@@ -304,7 +303,7 @@ def bound_prune(problem: PlanningProblem) -> PlanningProblem:
         have = sum(v[r] for v in cur)
         prices = [min(g.start_ms[r], g.switch_ms[r]) for g in problem.groups if g.ub(r, problem.tp[r]) > 0]
         unit = min(prices) if prices else 0
-        kept = [entries[0]] + [(k, t) for k, t in entries[1:] if t + max(0, k - have) * unit + problem.constant_ms <= ub]
+        kept = [entries[0]] + [(k, t, q) for k, t, q in entries[1:] if t + q + max(0, k - have) * unit + problem.constant_ms <= ub]
         out.append(tuple(kept))
     return replace(problem, entries=tuple(out))
 
@@ -328,7 +327,7 @@ def policy_contradiction(problem: PlanningProblem) -> str | None:
 class Solution:
     status: str  # optimal | feasible | infeasible | no_solution
     x: tuple[tuple[int, int, int], ...]  # per group
-    completion_ms: int  # the objective's (priced) completion term T
+    completion_ms: int  # the objective's (priced) completion term: T + the selected queue cost
     objective_ms: int
     best_bound_ms: float
     solve_ms: float
@@ -357,25 +356,35 @@ class Solution:
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def _completion(entries: tuple[tuple[tuple[int, int], ...], ...], modes: tuple[str, ...], totals: tuple[int, int, int]) -> int | None:
+def _pair_best(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """min over (t, q) options of two roles of max(t_a, t_b) + q_a + q_b (extra instances idle)."""
+    if not any(q for _, q in b):
+        tb = min(t for t, _ in b)
+        return min(max(t, tb) + q for t, q in a)
+    if not any(q for _, q in a):
+        return _pair_best(b, a)
+    return min(max(ta, tb) + qa + qb for ta, qa in a for tb, qb in b)
+
+
+def _completion(entries: tuple[tuple[Entry, ...], ...], modes: tuple[str, ...], totals: tuple[int, int, int]) -> int | None:
     n_c, n_p, n_d = totals
 
-    def best(r: int, n: int) -> int | None:
-        vals = [t for k, t in entries[r] if 1 <= k <= n]
-        return min(vals) if vals else None
+    def options(r: int, n: int) -> list[tuple[int, int]]:
+        return [(t, q) for k, t, q in entries[r] if 1 <= k <= n]
 
     if n_c > 0 and n_p == 0 and n_d == 0:
-        return best(0, n_c) if "colocated" in modes else None
+        col = options(0, n_c)
+        return min(t + q for t, q in col) if col and "colocated" in modes else None
     if n_c == 0 and n_p > 0 and n_d > 0:
         if "disaggregated" not in modes:
             return None
-        a, b = best(1, n_p), best(2, n_d)
-        return None if a is None or b is None else max(a, b)
+        a, b = options(1, n_p), options(2, n_d)
+        return _pair_best(a, b) if a and b else None
     return None
 
 
 def completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
-    """The objective's completion term of role totals (priced running-min tables), None if the mode is invalid."""
+    """The objective's completion term of role totals (priced tables, extra instances idle), None if the mode is invalid."""
     return _completion(problem.entries, problem.modes, totals)
 
 

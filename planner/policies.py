@@ -69,13 +69,17 @@ def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, o
 def best_static_split(inputs: PlanningInputs, instances: int) -> tuple[int, int]:
     """The best P:D split of `instances` by the prediction tables (the 'fixed PD' choice).
 
-    Each role's path time is its table's envelope (the best with up to k instances), so the
-    split is the predictor's `best_split` over the tables the planner solves with."""
+    The split is the predictor's `best_split` (max(prefill, decode) + prefill queue) over the
+    tables the planner solves with, the decode path its table's envelope (the best with up to
+    k instances). The prefill side is taken as tabulated, path and queue together: serving
+    with fewer prefill instances than a split holds is the split with more decode ones, which
+    the scan also covers, so this is the program's optimum over splits of `instances`."""
     n = max(instances, 2)
     n_p = np.arange(1, n)
-    p = np.minimum.accumulate(inputs.prefill.seconds[1:])[np.minimum(n_p, inputs.prefill.max_instances) - 1]
+    at = np.minimum(n_p, inputs.prefill.max_instances)
+    p, q = inputs.prefill.seconds[at], inputs.prefill.queue[at]  # type: ignore[index]
     d = np.minimum.accumulate(inputs.decode.seconds[1:])[np.minimum(n - n_p, inputs.decode.max_instances) - 1]
-    k = best_split(p, d)
+    k = best_split(p, d, q)
     return k, n - k
 
 

@@ -54,23 +54,25 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
                 cost_terms.append(g.switch_ms[b] * f)
     dis = prob.add_variable("dis", 0 if "colocated" in p.modes and p.fixed_pd is None else 1, 1 if "disaggregated" in p.modes else 0, cat="Integer")
     T = prob.add_variable("T", 0, None)
+    queue = []  # (q_ms, selection): the prefill queue rides on the completion, T + sum q sel
     for r in R:
         cap_r = sum(g.ub(r, tp[r]) for g in p.groups)
-        sel = {k: prob.add_variable(f"sel_{r}_{k}", 0, 1, cat="Binary") for k, _ in p.entries[r] if k <= cap_r}
+        sel = {k: prob.add_variable(f"sel_{r}_{k}", 0, 1, cat="Binary") for k, _, _ in p.entries[r] if k <= cap_r}
         prob += pulp.lpSum(sel.values()) == 1, f"onehot_{r}"
         off = sel[0]
         prob += (off == dis) if r == 0 else (off == 1 - dis), f"off_{r}"
         big = max(cap_r, 1)
         prob += (pulp.lpSum(N[r]) <= big * (1 - dis)) if r == 0 else (pulp.lpSum(N[r]) <= big * dis), f"mode_{r}"
         prob += pulp.lpSum(N[r]) >= pulp.lpSum(k * v for k, v in sel.items()), f"count_{r}"
-        t_of = dict(p.entries[r])
+        t_of = {k: t for k, t, _ in p.entries[r]}
         prob += T >= pulp.lpSum(t_of[k] * v for k, v in sel.items()), f"time_{r}"
+        queue += [(q, sel[k]) for k, _, q in p.entries[r] if q and k in sel]
     if p.fixed_pd is not None:
         prob += pulp.lpSum(N[1]) == p.fixed_pd[0], "fixed_p"
         prob += pulp.lpSum(N[2]) == p.fixed_pd[1], "fixed_d"
     if p.max_gpus is not None:
         prob += pulp.lpSum(G) <= p.max_gpus, "max_gpus"
-    prob += T + pulp.lpSum(cost_terms) + p.constant_ms
+    prob += T + pulp.lpSum(q * v for q, v in queue) + pulp.lpSum(cost_terms) + p.constant_ms
     with warnings.catch_warnings():  # PuLP 3.3 flags PULP_CBC_CMD for its 4.0 rename; it is the bundled CBC
         warnings.simplefilter("ignore", DeprecationWarning)
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5)
@@ -90,4 +92,5 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
     obj = int(round(pulp.value(prob.objective)))
     # PuLP's CBC interface reports no dual bound: only a proven optimum has bound == objective
     bound = float(obj) if st == "optimal" else -math.inf
-    return Solution(st, x, int(round(T.value())), obj, bound, ms, "pulp")  # type: ignore[arg-type]
+    completion = int(round(T.value())) + sum(q * int(round(v.value() or 0)) for q, v in queue)
+    return Solution(st, x, completion, obj, bound, ms, "pulp")  # type: ignore[arg-type]

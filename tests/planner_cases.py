@@ -112,7 +112,8 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
     """Best objective (ms) by enumerating every per-node role assignment; None if none is feasible.
 
     Written from the semantics, not from the program: completion = running-min table
-    (extra instances idle), disaggregated = max(prefill, decode); each node's current
+    (extra instances idle), disaggregated = max(prefill, decode) + the prefill queue of the
+    prefill instances that serve (models/predictor.py, Q(N_P)); each node's current
     instances are kept, switched (same TP), or stopped, and missing ones started, at the
     cheapest mix found by enumerating keeps and switches.
 
@@ -200,6 +201,18 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
         return min(vals) if vals else None
 
     share = work_share(state, inputs)
+    queue = getattr(inputs.table("prefill"), "queue", None)  # prefill queueing on top of the slower path
+
+    def disaggregated(n_p: int, n_d: int) -> int | None:
+        """Priced max(prefill, decode) + queue: the j <= n_p prefill instances that serve (extra
+        ones idle) bring their own queue; every term priced for the work left, in whole ms."""
+        d = envelope(2, n_d)
+        s = inputs.table("prefill").seconds
+        vals = [
+            int(round(share * max(_ms(float(s[j])), d))) + int(round(share * (_ms(float(queue[j])) if queue is not None else 0)))
+            for j in range(1, min(n_p, len(s) - 1) + 1) if math.isfinite(s[j])
+        ]
+        return min(vals) if vals and d is not None else None
 
     mem = inputs.memory
     choices = []  # per node: (x, transition ms, GPUs used)
@@ -223,14 +236,14 @@ def oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, opti
             continue
         if tot[0] > 0 and tot[1] == 0 and tot[2] == 0 and "colocated" in modes:
             t = envelope(0, tot[0])
+            priced = None if t is None else int(round(share * t))
         elif tot[0] == 0 and tot[1] > 0 and tot[2] > 0 and "disaggregated" in modes:
-            a, b = envelope(1, tot[1]), envelope(2, tot[2])
-            t = None if a is None or b is None else max(a, b)
+            priced = disaggregated(tot[1], tot[2])
         else:
             continue
-        if t is None:
+        if priced is None:
             continue
-        obj = int(round(share * t)) + sum(o[1] for o in combo) + constant
+        obj = priced + sum(o[1] for o in combo) + constant
         best = obj if best is None else min(best, obj)
     return best
 

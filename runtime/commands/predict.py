@@ -36,6 +36,7 @@ def predict(
         "disaggregated": {
             "completion_s": round(dis.completion_s, 3), "prefill": dis.prefill, "decode": dis.decode,
             "prefill_path_s": round(dis.prefill_path_s, 3), "decode_path_s": round(dis.decode_path_s, 3),
+            "prefill_queue_s": round(dis.prefill_queue_s, 3),
         },
         "best": best,
         "gpus": n_gpus,
@@ -53,7 +54,7 @@ def predict(
     for col_name in ("mode", "instances", "completion (s)", "detail"):
         t.add_column(col_name)
     t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", f"{col.completion_s:.1f}", f"mean decode concurrency {col.mean_concurrency:.1f}/instance")
-    t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", f"{dis.completion_s:.1f}", f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s")
+    t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", f"{dis.completion_s:.1f}", f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s")
     Console().print(t)
     gain = abs(col.completion_s - dis.completion_s) / max(col.completion_s, dis.completion_s) * 100
     Console().print(f"best: [bold]{best}[/bold] ({gain:.1f}% faster)")
