@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -76,6 +78,15 @@ class Decision:
     forced: bool = False  # the current configuration was infeasible: the gate was bypassed
     reason: str = ""
     extras: dict = field(default_factory=dict, compare=False, hash=False)
+    # the paths alone, without the prefill queue: the earliest the model lets the batch end.
+    # The trainer's timeline plans returns of lent GPUs on it, so a queue that does not
+    # materialise cannot make a return late (nan: same as predicted_completion_s)
+    earliest_completion_s: float = math.nan
+
+    @property
+    def timeline_s(self) -> float:
+        """The batch time the trainer's timeline assumes for this decision."""
+        return self.earliest_completion_s if math.isfinite(self.earliest_completion_s) else self.predicted_completion_s
 
     @property
     def ratio(self) -> str:

@@ -393,6 +393,13 @@ def batch_completion_ms(problem: PlanningProblem, totals: tuple[int, int, int]) 
     return _completion(problem.batch_entries, problem.modes, totals)
 
 
+def batch_paths_ms(problem: PlanningProblem, totals: tuple[int, int, int]) -> int | None:
+    """A fresh batch's completion with these role totals from the paths alone (no prefill queue):
+    the earliest the model lets it end."""
+    paths = tuple(tuple((k, t, 0) for k, t, _ in e) for e in problem.batch_entries)
+    return _completion(paths, problem.modes, totals)
+
+
 def group_transition_ms(problem: PlanningProblem, g: GroupData, x: tuple[int, int, int]) -> int:
     """Cheapest way to turn the class's current instances into x: keep, switch (same TP), stop, start."""
     d = [max(0, x[r] - g.total_cur(r)) for r in range(3)]

@@ -7,7 +7,7 @@ from dataclasses import replace
 from planner.backends import solve
 from planner.decision import Decision, GroupTarget, SolverProof
 from planner.inputs import PlanningInputs
-from planner.milp import Options, PlanningProblem, Solution, batch_completion_ms, build_problem, completion_ms, diagnose, group_transition_ms, split_to_nodes
+from planner.milp import Options, PlanningProblem, Solution, batch_completion_ms, batch_paths_ms, build_problem, completion_ms, diagnose, group_transition_ms, split_to_nodes
 from planner.state import ClusterState
 
 
@@ -19,12 +19,14 @@ def decision_from(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...],
     tot = tuple(sum(v[r] for v in x) for r in range(3))
     t = completion_ms(problem, tot)  # type: ignore[arg-type]
     t_batch = batch_completion_ms(problem, tot)  # type: ignore[arg-type]
+    t_paths = batch_paths_ms(problem, tot)  # type: ignore[arg-type]
     trans = sum(group_transition_ms(problem, g, v) for g, v in zip(problem.groups, x)) + problem.constant_ms
     targets = tuple(GroupTarget(node, g.pool, g.gpu_type, *v) for g, gx in zip(problem.groups, x) for node, v in split_to_nodes(problem, g, gx) if any(v))
     lent = sum(problem.tp[r] * v[r] for g, v in zip(problem.groups, x) for r in range(3) if g.pool == "training")
     mode = "colocated" if tot[0] > 0 else "disaggregated"
     obj = (t or 0) + trans if objective_ms is None else objective_ms
-    return Decision(mode, tot[0], tot[1], tot[2], targets, (t_batch or 0) / 1000.0, trans / 1000.0, int(obj), proof, lent)  # type: ignore[arg-type]
+    return Decision(mode, tot[0], tot[1], tot[2], targets, (t_batch or 0) / 1000.0, trans / 1000.0, int(obj), proof, lent,  # type: ignore[arg-type]
+                    earliest_completion_s=(t_paths or 0) / 1000.0)
 
 
 def proof_of(sol: Solution) -> SolverProof:

@@ -72,7 +72,7 @@ class Bootstrap:
         self.tracker = RuntimeTracker(spec, load_profile(profile_path(spec)), env_scale=1.0)
         self.policy = get_policy(spec.policy.name)
         self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
-        self.predicted_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts
+        self.predicted_s = self.timeline_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts
         emulated_train_s = train_step_s(spec, expected_batch_tokens(spec))
         if self.trainer_backend == "fsdp":  # same interface; the actor spawns its rank processes
             self.trainer = self._remote(FSDPTrainer).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size)

@@ -86,6 +86,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.fatal: str | None = None  # why the run must stop (set once; run() raises RunFailed)
         self.rewards: list[float] = []
         self.predicted_s = float("nan")
+        self.timeline_s = float("nan")  # what the trainer's timeline assumes (Decision.timeline_s)
         self.predicted_from = 0  # measured steps the models behind predicted_s were refitted on
         self.steps_seen: list[StepTelemetry] = []
         self.hosts: list[Any] = []
@@ -131,7 +132,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         waiting = self.trainer_phase == "waiting" and not self.ready_batches  # a finished batch: needed now
         started = self.batch_started.get(self.current_batch)
         elapsed = (time.monotonic() - started) * self.scale if started is not None else 0.0
-        return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now(), waiting, elapsed, self.predicted_s))
+        return TrainerPhase("waiting" if waiting else "training", self.timeline.needs_gpus_at(self.now(), waiting, elapsed, self.timeline_s))
 
     async def decide(self, event: str, wait: bool = False, raise_errors: bool | None = None) -> None:
         """Ask the policy (off the event loop), log the decision, hand its plan to the executor
@@ -158,6 +159,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
             self.log(f"decision[{event}] {d.ratio} applied={d.applied} pred={d.predicted_completion_s:.2f}s solve={d.proof.solve_ms:.1f}ms gap={d.proof.gap:.3g} actions={len(plan.actions)}")
             if np.isfinite(d.predicted_completion_s):
                 self.predicted_s = d.predicted_completion_s
+                self.timeline_s = d.timeline_s
                 self.predicted_from = len(self.tracker.history)
             self.wanted_mode = d.mode
             if not plan.empty:  # a held (gated) decision still carries its mandatory part: recalls, returns, forced shrinks

@@ -39,7 +39,7 @@ class Layout:
 class PolicyStep:
     plan: TransitionPlan
     mode: str
-    predicted_s: float = math.nan  # the decision's predicted batch completion (nan: none)
+    predicted_s: float = math.nan  # the batch time the trainer's timeline assumes for the decision (Decision.timeline_s; nan: none)
     info: dict = field(default_factory=dict)
 
 

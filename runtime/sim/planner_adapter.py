@@ -53,4 +53,4 @@ class PlannerPolicy:
             "status": d.proof.status, "gap": d.proof.gap, "solve_ms": round(d.proof.solve_ms, 2), "reason": d.reason,
             "actions": len(step.plan.actions),
         }
-        return PolicyStep(step.plan, d.mode, d.predicted_completion_s, info)
+        return PolicyStep(step.plan, d.mode, d.timeline_s, info)
