@@ -51,8 +51,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import numpy as np  # noqa: E402
 
-from models.builder import build_models  # noqa: E402
-from models.config import ExperimentSpec, load_experiment, pd_profile_path, profile_path  # noqa: E402
+from models.builder import build_models, load_profiles  # noqa: E402
+from models.config import ExperimentSpec, load_experiment, profile_path  # noqa: E402
 from models.step_latency import EngineProfile, StepCoefficients, load_profile  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
@@ -215,8 +215,8 @@ async def measure_mode(mode: str, model_dir: str, spec: ExperimentSpec, batches:
 
 def _mode_profile(spec: ExperimentSpec, mode: str) -> EngineProfile:
     """The profile the predictor uses for this mode's instances (the deployment's, per mode)."""
-    path = pd_profile_path(spec) if mode == "disaggregated" else None
-    return load_profile(path or profile_path(spec))
+    profile, pd_profile = load_profiles(spec)
+    return pd_profile or profile if mode == "disaggregated" else profile
 
 
 def _predict(spec: ExperimentSpec, run: RunRecord, profile: EngineProfile | None = None) -> dict[str, Any]:

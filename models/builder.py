@@ -38,17 +38,24 @@ def step_model(spec: ExperimentSpec, profile: EngineProfile, tp: int) -> StepLat
     return StepLatencyModel(spec.model, spec.gpu(gpu), tp, profile)
 
 
+def load_profiles(spec: ExperimentSpec) -> tuple[EngineProfile, EngineProfile | None]:
+    """The experiment's profile, and its P/D instances' own where the deployment names one."""
+    pd_path = pd_profile_path(spec)
+    return load_profile(profile_path(spec)), (load_profile(pd_path) if pd_path is not None else None)
+
+
 def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,
                  pd_profile: EngineProfile | None = None, speed: float = 1.0) -> ExperimentModels:
     """Predictor and transition costs for the experiment (TP: the smallest allowed per role).
 
     Colocated instances use `profile` (default: the experiment's); prefill and decode instances
     use `pd_profile` (default: the experiment's P/D profile, else `profile`). `speed` scales both
-    (the runtime tracker's measured speed)."""
-    profile = (profile or load_profile(profile_path(spec))).scaled(speed)
-    pd_path = pd_profile_path(spec)
-    if pd_profile is None and pd_path is not None:
-        pd_profile = load_profile(pd_path)
+    (the runtime tracker's measured speed). Callers that build often pass both profiles, read
+    once with `load_profiles`."""
+    if profile is None or (pd_profile is None and spec.pd_profile_name is not None):
+        loaded, loaded_pd = load_profiles(spec)
+        profile, pd_profile = profile or loaded, pd_profile or loaded_pd
+    profile = profile.scaled(speed)
     pd = pd_profile.scaled(speed) if pd_profile is not None else profile
     tp = spec.cluster.tp
     tc, tpp, tpd = tp.colocated[0], tp.prefill[0], tp.decode[0]

@@ -524,8 +524,12 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     for field, name in named.items():
         if name not in avail:
             raise ConfigError(path, field, name, f"one of {avail}")
-    profile_name = named.get("profile", "") if deployed is None else deployed if isinstance(deployed, str) else deployed.colocated
-    pd_profile_name = deployed.disaggregated if isinstance(deployed, DeploymentProfiles) else None
+    if deployed is None:
+        profile_name, pd_profile_name = named["profile"], None
+    elif isinstance(deployed, str):
+        profile_name, pd_profile_name = deployed, None
+    else:
+        profile_name, pd_profile_name = deployed.colocated, deployed.disaggregated
     trace = exp.trace
     if trace is not None:
         tpath = Path(trace.path)

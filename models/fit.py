@@ -65,7 +65,10 @@ def read_samples(path: str | Path) -> tuple[dict, list[StepSample]]:
             raise ConfigError(path, f"line {lineno}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
         if obj["kind"] not in ("prefill", "decode", "handoff") or not obj["seconds"] > 0:
             raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode|handoff and seconds > 0")
-        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}, repeat_spread=float(obj.get("repeat_spread", 0.0))))
+        spread = obj.get("repeat_spread", 0.0)
+        if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
+            raise ConfigError(path, f"line {lineno}.repeat_spread", spread, "a number >= 0 (optional)")
+        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}, repeat_spread=float(spread)))
     if not samples:
         raise ConfigError(path, "<samples>", 0, "at least one sample line")
     return header, samples
@@ -86,17 +89,25 @@ def _design(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int) -> t
     return x, y
 
 
+def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative c minimising the relative error of x @ c against y."""
+    a = x / y[:, None]
+    # Column scaling keeps NNLS well conditioned when terms differ by orders of magnitude.
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    sol, _ = nnls(a / scale, np.ones_like(y), maxiter=2000)
+    return sol / scale
+
+
+def _mape(pred: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - y) / y) * 100) if len(y) else float("nan")
+
+
 def fit_coefficients(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int, features: tuple[str, ...] = FEATURES) -> StepCoefficients:
     """NNLS on relative error over the chosen features (others fixed at 0)."""
     x, y = _design(samples, llm, gpu, tp)
     idx = [FEATURES.index(f) for f in features]
-    a = x[:, idx] / y[:, None]
-    b = np.ones_like(y)
-    # Column scaling keeps NNLS well conditioned when terms differ by orders of magnitude.
-    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
-    sol, _ = nnls(a / scale, b, maxiter=2000)
     coef = np.zeros(len(FEATURES))
-    coef[idx] = sol / scale
+    coef[idx] = _nnls_relative(x[:, idx], y)
     return StepCoefficients.from_vector(coef)
 
 
@@ -104,8 +115,7 @@ def mape(samples: list[StepSample], coeffs: StepCoefficients, llm: LLMSpec, gpu:
     if not samples:
         return float("nan")
     x, y = _design(samples, llm, gpu, tp)
-    pred = x @ coeffs.vector()
-    return float(np.mean(np.abs(pred - y) / y) * 100)
+    return _mape(x @ coeffs.vector(), y)
 
 
 def repeat_noise_pct(samples: list[StepSample]) -> float | None:
@@ -119,20 +129,12 @@ def repeat_noise_pct(samples: list[StepSample]) -> float | None:
 def fit_handoff(samples: list[StepSample]) -> KVHandoff:
     """NNLS on relative error: t = fixed + per_request * requests + per_token * loaded tokens."""
     x = np.array([[1.0, s.prefill_requests, s.prefill_prefix_tokens] for s in samples])
-    y = np.array([s.seconds for s in samples])
-    a = x / y[:, None]
-    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
-    sol, _ = nnls(a / scale, np.ones_like(y), maxiter=2000)
-    fixed, per_request, per_token = (float(v) for v in sol / scale)
-    return KVHandoff(fixed, per_request, per_token)
+    return KVHandoff(*(float(v) for v in _nnls_relative(x, np.array([s.seconds for s in samples]))))
 
 
 def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
-    if not samples:
-        return float("nan")
     pred = np.array([float(h.time(s.prefill_requests, s.prefill_prefix_tokens)) for s in samples])
-    y = np.array([s.seconds for s in samples])
-    return float(np.mean(np.abs(pred - y) / y) * 100)
+    return _mape(pred, np.array([s.seconds for s in samples]))
 
 
 def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepSample], list[StepSample]]:

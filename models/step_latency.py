@@ -107,6 +107,9 @@ class KVHandoff:
         """One admitting step for `requests` requests loading `tokens` KV tokens in all."""
         return self.fixed_s + self.per_request_s * np.asarray(requests, dtype=float) + self.per_token_s * np.asarray(tokens, dtype=float)
 
+    def scaled(self, k: float) -> "KVHandoff":
+        return KVHandoff(self.fixed_s * k, self.per_request_s * k, self.per_token_s * k)
+
     def to_json(self) -> dict:
         return {"fixed_s": self.fixed_s, "per_request_s": self.per_request_s, "per_token_s": self.per_token_s}
 
@@ -137,9 +140,8 @@ class EngineProfile:
         """Every term k times slower (k > 1) or faster: a measured speed applied to this profile."""
         if k == 1.0:
             return self
-        h = self.kv_handoff
         return replace(self, prefill=StepCoefficients.from_vector(self.prefill.vector() * k), decode=StepCoefficients.from_vector(self.decode.vector() * k),
-                       kv_handoff=None if h is None else KVHandoff(h.fixed_s * k, h.per_request_s * k, h.per_token_s * k),
+                       kv_handoff=None if self.kv_handoff is None else self.kv_handoff.scaled(k),
                        notes=f"{self.notes} (runtime-calibrated x{k:.3g})".strip())
 
     def to_json(self) -> dict:

@@ -59,6 +59,7 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import statistics
@@ -335,7 +336,7 @@ class EngineProfiler:
             seconds=statistics.median(statistics.median(r.decode_s) for r in runs),
             repeat_spread=_spread([statistics.median(r.decode_s) for r in runs]),
         )
-        if not all(r.handoff_s == r.handoff_s for r in runs):
+        if any(math.isnan(r.handoff_s) for r in runs):  # not a P/D pair
             return prefill, decode
         loaded = runs[0].loaded_tokens
         handoff = StepSample(

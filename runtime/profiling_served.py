@@ -134,8 +134,13 @@ class ServedProfiler:
             self._loop.run_until_complete(self._batch(prefixes, 1))
         per_engine = self._loop.run_until_complete(self._batch([[pre + self._tokens(l) for pre in ps] for ps in prefixes], 1 + decode_steps))
         prefill_s, decode_s = zip(*(self._timings(outs, point, decode_steps) for outs in per_engine))
-        cached = n * (c // self.settings.block_size) * self.settings.block_size
+        cached = self._cached_tokens(point)
         return _Run(statistics.median(prefill_s), [statistics.median(decode_s)], cached, n * (l + c) - cached)
+
+    def _cached_tokens(self, point: GridPoint) -> int:
+        """The warmed prefixes' full blocks: what the engine's prefix cache must hit."""
+        block = self.settings.block_size
+        return point.batch * (point.context_tokens // block) * block
 
     def _run_pd_point(self, point: GridPoint, decode_steps: int) -> _Run:
         """Prefill on engine 0 (stores KV), then load + decode on engine 1, as a P/D turn runs."""
@@ -152,7 +157,7 @@ class ServedProfiler:
         loaded = sum(int(o.num_cached_tokens or 0) for o in consumed)
         if loaded < n * ((c + l - 1) // block) * block:  # it computes at least the last token itself
             raise RuntimeError(f"the decode engine loaded {loaded} KV tokens for {n} prompts of {c + l} (expected their full blocks): no handoff")
-        cached = n * (c // block) * block
+        cached = self._cached_tokens(point)
         return _Run(prefill_s, [decode_s], cached, n * (l + c) - cached, handoff_s, loaded)
 
     def _timings(self, outs: list[Any], point: GridPoint, decode_steps: int, check_cache: bool = True) -> tuple[float, float]:
@@ -166,7 +171,7 @@ class ServedProfiler:
         firsts = [m.first_token_ts for m in stats]
         if max(firsts) - min(firsts) > 0.1 * prefill + 1e-3:
             raise RuntimeError(f"prefill of {n} x {l} tokens did not run as one engine step (first tokens {max(firsts) - min(firsts):.4f} s apart)")
-        expected = n * (c // self.settings.block_size) * self.settings.block_size
+        expected = self._cached_tokens(point)
         hit = sum(int(o.num_cached_tokens or 0) for o in outs)
         if check_cache and hit != expected:
             raise RuntimeError(f"prefix cache hit {hit} tokens, expected {expected} (n={n}, context={c})")

@@ -113,6 +113,7 @@ BAD_FILES = {
     "bad kind": ('{"kind": "train", "prefill_tokens": 0, "prefill_requests": 0, "prefill_prefix_tokens": 0, "decode_seqs": 1, "decode_context_tokens": 1, "seconds": 0.1}\n', "line 1", "kind prefill|decode"),
     "non-positive time": ('{"kind": "decode", "prefill_tokens": 0, "prefill_requests": 0, "prefill_prefix_tokens": 0, "decode_seqs": 1, "decode_context_tokens": 1, "seconds": 0}\n', "line 1", "seconds > 0"),
     "header only": ('{"header": {"model": "tiny"}}\n', "<samples>", "at least one sample"),
+    "bad repeat spread": ('{"kind": "decode", "prefill_tokens": 0, "prefill_requests": 0, "prefill_prefix_tokens": 0, "decode_seqs": 1, "decode_context_tokens": 1, "seconds": 0.1, "repeat_spread": "x"}\n', "line 1.repeat_spread", "a number >= 0"),
 }
 
 

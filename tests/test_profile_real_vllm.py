@@ -172,6 +172,7 @@ def test_fit_rejects_unknown_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize("flags, named", [
     (("--engines", "2"), "--engines"),  # several engines at once are served engines
     (("--clock", "served", "--pd"), "--pd"),  # a P/D pair is two engines
+    (("--clock", "served", "--engines", "2", "--cpu-bind", "0|1|2"), "--cpu-bind"),  # one binding, or one per engine
     (("--clock", "served", "--engines", "2", "--cpu-bind", "0||1"), "--cpu-bind"),
 ])
 def test_co_located_profile_flags_are_checked_before_an_engine_starts(tmp_path: Path, flags: tuple[str, ...], named: str) -> None:

@@ -46,7 +46,8 @@ def test_later_steps_move_the_speed_by_an_ema_of_the_exact_speeds() -> None:
     assert t.speed == pytest.approx(1.5)
 
 
-def test_prediction_record_is_out_of_sample() -> None:
+def test_prediction_record_reports_error_and_basis() -> None:
+    """The summary row of a step (that it is out of sample is checked on a run: test_ray_emulated)."""
     t = _tracker()
     rec = _step(t, 2.0, 2.5, step=3).prediction()
     assert rec == {"step": 3, "predicted_s": 2.0, "measured_s": 2.5, "error_pct": -20.0, "fitted_on_steps": 3}

@@ -52,8 +52,9 @@ def profile(
         raise ConfigError("--engines", "engines", engines, "1 unless --clock served (several engines at once run as served AsyncLLM engines)")
     if pd and (clock != "served" or engines != 2):
         raise ConfigError("--pd", "pd", True, "only with --clock served --engines 2 (a prefill engine and a decode engine)")
-    if clock == "served" and cpu_bind != "auto" and any(not part for part in cpu_bind.split("|")):
-        raise ConfigError("--cpu-bind", "cpu_bind", cpu_bind, "cores per engine separated by '|', e.g. 0|1")
+    parts = cpu_bind.split("|")
+    if clock == "served" and cpu_bind != "auto" and (any(not part for part in parts) or len(parts) not in (1, engines)):
+        raise ConfigError("--cpu-bind", "cpu_bind", cpu_bind, f"one binding for all engines, or {engines} separated by '|' (one per engine), e.g. 0|1")
     lookup_model_and_hardware(model, hardware)  # bad --model / --hardware: one clear error before an engine starts
     profiling.check_model_dir(model_dir, load_format)
     try:

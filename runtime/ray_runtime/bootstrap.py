@@ -55,8 +55,7 @@ class Bootstrap:
         return ray.remote(cls).options(num_cpus=0, **opts)
 
     async def setup(self) -> None:
-        from models.config import profile_path
-        from models.step_latency import load_profile
+        from models.builder import load_profiles
         from planner.inputs import planning_inputs
         from planner.policies import get_policy
         from runtime.ray_runtime.env_worker import EnvWorker
@@ -69,7 +68,7 @@ class Bootstrap:
         self._make_sync_primitives()
         spec, rt = self.spec, self.rt
         w = spec.workload
-        self.tracker = RuntimeTracker(spec, load_profile(profile_path(spec)), env_scale=1.0)
+        self.tracker = RuntimeTracker(spec, *load_profiles(spec), env_scale=1.0)
         self.policy = get_policy(spec.policy.name)
         self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
         self.predicted_s = self.timeline_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts

@@ -38,9 +38,8 @@ from runtime.ray_runtime.records import RunFailed, RunSummary, RuntimeStartError
 from runtime.ray_runtime.resources import elastic_schedule, make_slots, resolve_device
 from runtime.ray_runtime.rollout_driver import RolloutDriver
 from runtime.ray_runtime.scenarios import apply_load_change, elastic_loop
-from runtime.ray_runtime.telemetry import StepTelemetry
 from runtime.ray_runtime.slot_table import SlotRuntime, SlotTable
-from runtime.ray_runtime.telemetry import MetricsWriter
+from runtime.ray_runtime.telemetry import MetricsWriter, StepTelemetry
 from runtime.ray_runtime.trainer_loop import TrainerLoop
 from runtime.timeline import TrainerTimeline, return_due_at
 

@@ -79,6 +79,7 @@ class RuntimeTracker:
 
     spec: ExperimentSpec
     base_profile: EngineProfile
+    base_pd_profile: EngineProfile | None = None  # P/D instances' own profile, where the deployment names one
     env_scale: float = 1.0  # tool sleeps run at 1/time_scale: the predictor sees wall seconds
     alpha: float = 0.5
     speed: float = 1.0
@@ -87,7 +88,7 @@ class RuntimeTracker:
     transition_s: dict[str, float] = field(default_factory=dict)
 
     def models(self) -> ExperimentModels:
-        return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, speed=self.speed)
+        return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile, speed=self.speed)
 
     def record_transition(self, kind: str, seconds: float) -> None:
         old = self.transition_s.get(kind)
