@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from models import architecture as arch
-from models.step_latency import KVHandoff, StepLatencyModel
+from models.step_latency import DEFAULT_STEP_TOKENS, KVHandoff, StepLatencyModel
 
 Role = Literal["colocated", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
@@ -124,10 +124,10 @@ class EngineConfig:
     role: Role
     kv_capacity_tokens: float
     max_seqs: int = 256
-    max_batched_tokens: int = 8192
+    max_batched_tokens: int = DEFAULT_STEP_TOKENS
 
     @classmethod
-    def for_model(cls, step: StepLatencyModel, role: Role, memory_utilization: float = 0.9, max_seqs: int = 256, max_batched_tokens: int = 8192) -> "EngineConfig":
+    def for_model(cls, step: StepLatencyModel, role: Role, memory_utilization: float = 0.9, max_seqs: int = 256, max_batched_tokens: int = DEFAULT_STEP_TOKENS) -> "EngineConfig":
         return cls(step, role, step.kv_capacity_tokens(memory_utilization), max_seqs, max_batched_tokens)
 
 

@@ -77,6 +77,10 @@ class BatchShape:
     prefix_tokens: np.ndarray  # (K,) cached context before turn k, memory permitting
     response_tokens: float
     env_s: float
+    # variances of one turn's tool wait (s^2) and response length (tokens^2): what spreads the
+    # trajectories' arrivals at later turns (0 for a constant workload: they stay in lockstep)
+    env_var_s2: float = 0.0
+    response_var: float = 0.0
 
     @property
     def turns(self) -> int:
@@ -136,7 +140,9 @@ def batch_shape(workload: WorkloadSpec, batch: int | None = None, env_scale: flo
     prefix = np.minimum(np.concatenate([[0.0], ends[: k_max - 1]]), cap)
     new = np.minimum(new, np.maximum(cap - prefix, 1.0))
     hit = workload.prefix_cache_hit
-    return BatchShape(b, active, new + (1.0 - hit) * prefix, hit * prefix, r, workload.env_latency_s.expected() * env_scale)
+    env_var = _moments(workload.env_latency_s)[1] * env_scale**2
+    return BatchShape(b, active, new + (1.0 - hit) * prefix, hit * prefix, r, workload.env_latency_s.expected() * env_scale,
+                      env_var_s2=env_var, response_var=_moments(workload.response_tokens_per_turn)[1])
 
 
 QUADRATURE = 512
@@ -399,7 +405,21 @@ class RolloutPredictor:
     def prefill_queue_many(self, n_p: np.ndarray) -> np.ndarray:
         """Q(N_P): seconds the critical trajectory queues at prefill instances, summed over its
         turns, beyond its own unloaded prefill, for each prefill instance count in n_p (module
-        docstring). A function of N_P alone, so that the planner's program stays separable."""
+        docstring). A function of N_P alone, so that the planner's program stays separable.
+
+        Taken as the envelope over 1..N_P instances: a line never grows when instances are
+        added (the router could leave them idle), though how a turn's load splits into steps
+        and what memory pressure evicts can make the raw estimate wobble by a step."""
+        n = np.maximum(np.asarray(n_p, dtype=int), 1)
+        if n.size == 0:
+            return np.zeros(0)
+        top = int(n.max())
+        key = ("queue", top)
+        if key not in self._cache:
+            self._cache[key] = np.minimum.accumulate(self._raw_queue(np.arange(1, top + 1)))
+        return self._cache[key][n - 1]
+
+    def _raw_queue(self, n_p: np.ndarray) -> np.ndarray:
         s = self.shape
         n = np.asarray(n_p, dtype=float)[:, None]
         if s.turns == 0:
@@ -412,8 +432,22 @@ class RolloutPredictor:
         own, b = self._single_pd_prefill(), self._unqueued_turn()
         load = np.minimum(a, b)  # past saturation the longer cycle is T_P's, not the queue's
         d = load - b
-        wait = 0.5 * (d + np.sqrt(d * d + 2.0 * load * own))  # closed-loop M/D/1
-        wait[:, 0] = 0.5 * np.maximum(a[:, 0] - own[0], 0.0)  # lockstep start: a uniform place in line
+        random = 0.5 * (d + np.sqrt(d * d + 2.0 * load * own))  # closed-loop M/D/1
+        # Trajectories that return together queue for the whole line. A request leaves with the
+        # step that holds its last token: at turn 0, when all start at once, a line of `steps`
+        # steps of s_1 seconds each is s_1 (steps + 1) / 2 - S on average; at later turns the
+        # previous turn's exits come step by step, so a request waits about the step it joins,
+        # s_1 - S (the whole line when the turn fits one step). Arrivals spread over
+        # a window w by the workload's own variance shorten that backlog at half the window's
+        # rate, as in a fluid queue; the M/D/1 wait of a random loop is the floor.
+        steps = np.maximum(m * new_p / eng.step_token_budget(), 1.0)
+        step = eng.prefill_time(m * new_p / steps, np.maximum(m, 1.0) / steps, m * prefix_p / steps)  # one step of the line
+        tau1 = float(self._tau(self.decode_engine, np.ones(1))[-1])
+        k = np.arange(s.turns, dtype=float)
+        window = np.sqrt(12.0 * k * (s.env_var_s2 + s.response_var * tau1 * tau1))  # a uniform spread's width
+        bunched = np.maximum(step - own - 0.5 * window[None, :], 0.0)
+        wait = np.maximum(random, bunched)
+        wait[:, 0] = np.maximum(step[:, 0] * (steps[:, 0] + 1.0) / 2.0 - own[0], 0.0)
         return wait.sum(axis=1)
 
     # -- scalar conveniences

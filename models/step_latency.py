@@ -210,6 +210,9 @@ def load_profile(path: str | Path) -> EngineProfile:
     return EngineProfile.from_json(data)
 
 
+DEFAULT_STEP_TOKENS = 8192  # vLLM's max_num_batched_tokens for served engines, and the engine model's
+
+
 @dataclass(frozen=True)
 class StepLatencyModel:
     """Step time of one engine instance (one TP group) of a given model on a given GPU."""
@@ -234,6 +237,11 @@ class StepLatencyModel:
         """One decode step of `seqs` sequences each holding `context_tokens_per_seq` tokens of KV."""
         seqs = np.asarray(seqs, dtype=float)
         return self.step_time(StepShape(decode_seqs=seqs, decode_context_tokens=seqs * np.asarray(context_tokens_per_seq, dtype=float)))
+
+    def step_token_budget(self) -> float:
+        """Tokens one step may prefill (vLLM's max_num_batched_tokens): the profiled engine's
+        setting where the profile records it, else vLLM's (and the engine model's) default."""
+        return float(self.profile.fit.get("engine", {}).get("max_num_batched_tokens", DEFAULT_STEP_TOKENS))
 
     def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> float:
         """KV tokens that fit beside the weights on this instance's GPUs."""

@@ -46,6 +46,18 @@ def _loads(p: RolloutPredictor, n_p: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.asarray(a), np.asarray(own), np.asarray(b)
 
 
+def _first_turn_wait(p: RolloutPredictor, n_p: int) -> float:
+    """Turn 0 (everyone starts at once): a request leaves with the step holding its last token,
+    so over the batch's `steps` steps of s_1 seconds each it waits s_1 (steps + 1) / 2 - S on average."""
+    _, own, _ = _loads(p, n_p)
+    fresh, cached = p.shape.prefill_engine_tokens()
+    m = p.shape.active[0] / n_p
+    new, prefix = p._pressured(p.prefill_engine, np.maximum(m, 1.0), fresh, cached, fresh + cached)
+    steps = max(m * new[0] / p.prefill_engine.step_token_budget(), 1.0)
+    step = float(p.prefill_engine.prefill_time(m * new[0] / steps, max(m, 1.0) / steps, m * prefix[0] / steps))
+    return max(step * (steps + 1.0) / 2.0 - own[0], 0.0)
+
+
 def test_queue_is_positive_falls_with_prefill_instances_and_vanishes_when_lightly_loaded() -> None:
     p = crossover(256)
     q = p.prefill_queue_many(N)
@@ -65,7 +77,7 @@ def test_queue_never_exceeds_the_open_loop_md1_wait() -> None:
         rho = a[1:] / b[1:]
         if rho.max() >= 1.0:
             continue
-        bound = 0.5 * max(a[0] - own[0], 0.0) + float(np.sum(rho * own[1:] / (2.0 * (1.0 - rho))))
+        bound = _first_turn_wait(p, n_p) + float(np.sum(rho * own[1:] / (2.0 * (1.0 - rho))))
         assert p.prefill_queue_many(np.array([n_p]))[0] <= bound * (1 + RTOL), n_p
         checked += 1
     assert checked >= 10
@@ -73,26 +85,45 @@ def test_queue_never_exceeds_the_open_loop_md1_wait() -> None:
 
 def test_saturated_instances_hold_the_queue_at_its_knee() -> None:
     """Past saturation the instance's extra cycle is the prefill path's: T_P grows with the load,
-    the queue does not grow past the rho = 1 wait sqrt(b S / 2) per turn (+ the lockstep start)."""
+    the queue does not grow past the rho = 1 wait sqrt(b S / 2) per turn (+ the first turn's)."""
     p = crossover(4096)
     a, own, b = _loads(p, 1)
     assert np.sum(a[1:] > b[1:]) > 20  # most turns are saturated
-    knee = 0.5 * (a[0] - own[0]) + float(np.sum(np.sqrt(np.minimum(a[1:], b[1:]) * own[1:] / 2.0)))
+    knee = _first_turn_wait(p, 1) + float(np.sum(np.sqrt(np.minimum(a[1:], b[1:]) * own[1:] / 2.0)))
     q = float(p.prefill_queue_many(np.array([1]))[0])
     assert q <= knee * (1 + RTOL)
     assert q < 0.05 * float(p.prefill_path_many(np.array([1]))[0])
 
 
-def test_one_turn_batches_wait_for_half_the_line() -> None:
-    """Turn 0 starts in lockstep: the critical trajectory's place in line is uniform, so it waits
-    half of the instance's batched prefill beyond its own."""
+def test_one_turn_batches_wait_for_their_place_in_the_chunked_line() -> None:
+    """Turn 0 starts in lockstep: a batch chunked into many steps leaves step by step (the
+    critical trajectory waits about half the line); one that fits a step leaves with it."""
     spec = load_experiment(ROOT / "configs/experiments/pd-crossover.yaml")
     w: WorkloadSpec = spec.workload.model_copy(update={"trajectories_per_batch": 512, "turns": spec.workload.turns.model_copy(update={"kind": "constant", "mean": 1.0, "cv": 0.0, "min": 1.0})})
     p = build_models(spec.model_copy(update={"workload": w})).predictor
     assert p.shape.turns == 1
     for n_p in (1, 2, 8, 512):
         a, own, _ = _loads(p, n_p)
-        assert p.prefill_queue_many(np.array([n_p]))[0] == pytest.approx(max(a[0] - own[0], 0.0) / 2.0)
+        q = p.prefill_queue_many(np.array([n_p]))[0]
+        assert q == pytest.approx(_first_turn_wait(p, n_p))
+        assert max(a[0] / 2.0 - own[0], 0.0) <= q
+    a, own, _ = _loads(p, 1)  # 512 prompts on one instance: a line of many steps, each a little dearer than its share of one
+    assert (a[0] - own[0]) / 2.0 < p.prefill_queue_many(np.array([1]))[0] < 0.7 * (a[0] - own[0])
+
+
+def test_a_constant_workload_stays_in_lockstep_at_every_turn() -> None:
+    """With no spread in tool time or tokens the trajectories return together: every turn's
+    batch that fits one step is prefilled at once, so each waits the whole batch beyond its own
+    (the open-loop M/D/1 wait would be far smaller); a spread in tool time releases it."""
+    spec = load_experiment(ROOT / "configs/experiments/cpu-tiny.yaml")
+    w: WorkloadSpec = spec.workload.model_copy(update={"trajectories_per_batch": 16})
+    p = build_models(spec.model_copy(update={"workload": w})).predictor
+    assert p.shape.turns == 3 and p.shape.env_var_s2 < 1e-20
+    a, own, _ = _loads(p, 1)
+    assert p.prefill_queue_many(np.array([1]))[0] == pytest.approx(float(np.sum(a - own)))
+    spread = w.model_copy(update={"env_latency_s": w.env_latency_s.model_copy(update={"kind": "lognormal", "cv": 1.0})})
+    q = build_models(spec.model_copy(update={"workload": spread})).predictor.prefill_queue_many(np.array([1]))[0]
+    assert q < 0.5 * float(np.sum(a - own))
 
 
 def test_disaggregated_completion_adds_the_queue_to_the_slower_path() -> None:
