@@ -46,9 +46,16 @@ paper's Eq. 2-3, + the queue):
                 the M/D/1 wait when lightly loaded and finite at any load. Past saturation
                 (a > b) the instance's longer cycle, a - b per turn, is the prefill path's
                 (T_P waits out every cycle), so the queue keeps its value at rho = 1:
-                W_k = W(min(a_k, b_k), b_k), at most sqrt(b S / 2). Turn 0 starts in
-                lockstep: every request arrives at once and the critical trajectory's place
-                in line is uniform, W_0 = (a_0 - S_0) / 2. Q = sum_k W_k: ~0 on lightly
+                W_k = W(min(a_k, b_k), b_k), at most sqrt(b S / 2). Trajectories that
+                return together wait longer: a request leaves with the engine step holding
+                its last token (s_1: one step of the engine's token budget). Turn 0 starts
+                in lockstep, so the critical trajectory's place in a line of `steps` steps
+                is uniform, W_0 = s_1 (steps + 1) / 2 - S_0; at later turns the previous
+                exits come step by step and W_k >= s_1 - S_k - w_k / 2, where w_k is the
+                window the workload's own spread (tool wait, response length) scatters the
+                arrivals over: a constant workload stays in lockstep and waits its whole
+                one-step line each turn; a spread one falls back to the M/D/1 wait.
+                Q = sum_k W_k, taken as the envelope over 1..N_P instances: ~0 on lightly
                 loaded instances, non-increasing in N_P (so no prediction falls as prefill
                 load grows), and priced by the planner on the prefill role.
 """
