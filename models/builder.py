@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ExperimentSpec, pd_profile_path, profile_path
+from models.config import ConfigError, ExperimentSpec, pd_profile_path, profile_path
 from models.predictor import RolloutPredictor, batch_shape
 from models.step_latency import EngineProfile, StepLatencyModel, load_profile
 from models.transition import TransitionCosts, transition_costs
@@ -38,10 +38,25 @@ def step_model(spec: ExperimentSpec, profile: EngineProfile, tp: int) -> StepLat
     return StepLatencyModel(spec.model, spec.gpu(gpu), tp, profile)
 
 
+def check_profile(spec: ExperimentSpec, profile: EngineProfile, field: str) -> EngineProfile:
+    """A profile is one model's step times on one GPU type: applied to another model or GPU it
+    silently shifts every prediction (2x, or Infinity), so a mismatch is refused, naming the
+    experiment field that chose it. Names compare as the shipped files spell them, ignoring
+    case (`H800` in a cluster, `h800-...` in profile names)."""
+    gpu = rollout_gpu_type(spec)
+    if profile.model.lower() != spec.model_name.lower() or profile.hardware.lower() != gpu.lower():
+        raise ConfigError(spec.source, field, profile.name,
+                          f"a profile measured for model '{spec.model_name}' on '{gpu}' (this one is for '{profile.model}' on '{profile.hardware}')")
+    return profile
+
+
 def load_profiles(spec: ExperimentSpec) -> tuple[EngineProfile, EngineProfile | None]:
-    """The experiment's profile, and its P/D instances' own where the deployment names one."""
+    """The experiment's profile, and its P/D instances' own where the deployment names one,
+    each checked against the experiment's model and rollout GPU."""
     pd_path = pd_profile_path(spec)
-    return load_profile(profile_path(spec)), (load_profile(pd_path) if pd_path is not None else None)
+    profile = check_profile(spec, load_profile(profile_path(spec)), spec.profile_field)
+    pd = check_profile(spec, load_profile(pd_path), spec.pd_profile_field or "profile") if pd_path is not None else None
+    return profile, pd
 
 
 def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,

