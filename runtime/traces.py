@@ -18,12 +18,15 @@ Mapping to GPUs (models.config.TraceSpec; the mapping is config, never code):
               the elastic pool (max_gpus if set, else the pool size) in whole instances;
               finally clipped to max_gpus
   time        (trace time - window start) / time_scale
-A trace that is missing, malformed, empty or shorter than the window raises ConfigError.
+A trace that is missing, a folder, binary, malformed, empty or shorter than the window, or
+holds a non-finite or out-of-range count or time (bounds: MAX_COUNT, MAX_SPAN_S, MAX_GAP_S),
+raises ConfigError naming the file and the line (JSON: the field) and the allowed range.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -33,10 +36,19 @@ from pathlib import Path
 
 import numpy as np
 
-from models.config import ConfigError, TraceSpec
+from models.config import MAX_GPUS, MAX_HOURS, ConfigError, TraceSpec
 
 FORMATS = ("skypilot", "bamboo-count", "bamboo-minute", "bamboo-delta", "bamboo-events")
 _EVENT_ROW = re.compile(r"^\s*\d+\s*,\s*(add|remove)\s*,\s*\S+\s*$")
+# Bounds on what a trace may say: no real trace comes near them (the shipped ones: <= 64
+# instances, <= 1,100 h, <= 200 KB), but one absurd row would otherwise rescale or stretch
+# the whole trace silently, or reach int() as inf.
+MAX_COUNT = MAX_GPUS  # instances in one sample (the config's bound on any GPU or instance count)
+MAX_SPAN_S = MAX_HOURS * 3600.0  # from the trace's first time to its last
+MAX_GAP_S = 86_400.0  # skypilot: seconds between samples
+MAX_BYTES = 64 * 2**20
+_COUNT = f"an instance count from 0 to {MAX_COUNT}"
+_SPAN = f"within {MAX_HOURS:g} h of the trace's other rows"
 
 
 @dataclass(frozen=True)
@@ -75,18 +87,35 @@ class RawTrace:
     end_s: float  # the trace covers [0, end_s)
 
 
+Row = tuple[int, list[str]]  # (line number in the file, cells)
+
+
 def _bad(path: Path, where: str, value: object, allowed: str) -> ConfigError:
     return ConfigError(path, where, value, allowed)
 
 
-def detect_format(path: Path) -> str:
+def _text(path: Path) -> str:
+    """The file as text; a binary, unreadable or oversized file is one ConfigError (not a
+    UnicodeDecodeError or csv.Error halfway through a reader)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise _bad(path, "<file>", f"{size} bytes", f"a trace file of at most {MAX_BYTES // 2**20} MiB")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _bad(path, "trace.path", str(path), f"a readable trace file ({exc.strerror})") from None
+    if b"\x00" not in data:
+        try:
+            return data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            pass
+    raise _bad(path, "<file>", "binary data", f"a text trace file (CSV or JSON; formats {list(FORMATS)})")
+
+
+def _detect(path: Path, text: str) -> str:
     if path.suffix.lower() == ".json":
         return "skypilot"
-    try:
-        with path.open(newline="") as f:
-            head = f.readline().strip().lower().replace(" ", "")
-    except UnicodeDecodeError:
-        raise _bad(path, "<format>", "binary data", f"one of {list(FORMATS)}") from None
+    head = text.lstrip().split("\n", 1)[0].strip().lower().replace(" ", "")
     if head == "timestamp,count":
         return "bamboo-count"
     if head == "time,count":
@@ -100,30 +129,51 @@ def detect_format(path: Path) -> str:
     raise _bad(path, "<header>", head[:60], f"a known trace header (formats {list(FORMATS)})")
 
 
-def _parse_time(path: Path, line: int, text: str) -> float:
+def detect_format(path: Path) -> str:
+    return _detect(path, _text(path))
+
+
+def _parse_time(path: Path, line: int, text: str, column: str) -> float:
     s = text.strip().replace("Z", "+00:00")
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:
-        raise _bad(path, f"line {line}", text, "a timestamp like 2021-07-26T18:42:00Z") from None
+        raise _bad(path, f"line {line}", text, f"column '{column}': a timestamp like 2021-07-26T18:42:00Z") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
 
 
-def _number(path: Path, line: int, text: str) -> float:
+def _number(path: Path, line: int, text: str, column: str, hi: float = MAX_COUNT, allowed: str = _COUNT) -> float:
+    """A finite number in [0, hi] from one cell; the error names the line and the column."""
     try:
         v = float(text)
     except ValueError:
-        raise _bad(path, f"line {line}", text, "a number") from None
-    if not math.isfinite(v) or v < 0:
-        raise _bad(path, f"line {line}", text, "a finite count >= 0")
+        raise _bad(path, f"line {line}", text, f"column '{column}': {allowed}") from None
+    if not (math.isfinite(v) and 0 <= v <= hi):
+        raise _bad(path, f"line {line}", text, f"column '{column}': {allowed}")
     return v
 
 
-def _rows(path: Path) -> list[list[str]]:
-    with path.open(newline="") as f:
-        return [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+def _check_span(path: Path, times: list[float], lines: list[int], cells: list[str], column: str) -> None:
+    """All times within MAX_SPAN_S of each other; else blame the row farthest from the median
+    (one absurd time, a year 1900 or ms 1e30, would stretch the trace)."""
+    t = np.asarray(times, dtype=float)
+    if t.size and float(t.max() - t.min()) > MAX_SPAN_S:
+        i = int(np.argmax(np.abs(t - np.median(t))))
+        raise _bad(path, f"line {lines[i]}", cells[i], f"column '{column}': a time {_SPAN}")
+
+
+def _rows(path: Path, text: str) -> list[Row]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    out: list[Row] = []
+    try:
+        for r in reader:
+            if r and any(c.strip() for c in r):
+                out.append((reader.line_num, r))
+    except csv.Error as exc:
+        raise _bad(path, f"line {reader.line_num}", str(exc)[:60], "well-formed CSV") from None
+    return out
 
 
 def _from_points(times: list[float], counts: list[float], tail_s: float) -> RawTrace:
@@ -135,44 +185,59 @@ def _from_points(times: list[float], counts: list[float], tail_s: float) -> RawT
     return RawTrace(t, c, float(t[-1] + tail_s))
 
 
-def read_skypilot(path: Path) -> RawTrace:
+def read_skypilot(path: Path, text: str) -> RawTrace:
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise _bad(path, "<json>", str(exc)[:60], "valid JSON {\"metadata\": {\"gap_seconds\": G}, \"data\": [...]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
         raise _bad(path, "metadata", type(data).__name__, "an object with metadata.gap_seconds")
     gap = data["metadata"].get("gap_seconds")
-    if not isinstance(gap, (int, float)) or gap <= 0:
-        raise _bad(path, "metadata.gap_seconds", gap, "a number > 0")
+    if not _is_number(gap) or not 1e-3 <= gap <= MAX_GAP_S:
+        raise _bad(path, "metadata.gap_seconds", gap, f"a number of seconds from 0.001 to {MAX_GAP_S:g}")
     vals = data.get("data")
     if not isinstance(vals, list):
         raise _bad(path, "data", type(vals).__name__, "a list of instance counts")
     if not vals:
         raise _bad(path, "data", "[]", "at least one sample")
     for i, v in enumerate(vals):
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-            raise _bad(path, f"data[{i}]", v, "a count >= 0")
+        if not _is_number(v) or not 0 <= v <= MAX_COUNT:
+            raise _bad(path, f"data[{i}]", v, _COUNT)
     n = len(vals)
+    if n * float(gap) > MAX_SPAN_S:
+        raise _bad(path, "data", f"{n} samples every {gap:g} s", f"a trace of at most {MAX_HOURS:g} h")
     return RawTrace(np.arange(n) * float(gap), np.asarray(vals, dtype=float), n * float(gap))
 
 
-def read_count_csv(path: Path, tail_s: float) -> RawTrace:
-    rows = _rows(path)[1:]
+def _is_number(v: object) -> bool:
+    """A finite JSON number (Python's json reads NaN, Infinity and 1e400 as floats; true/false as bools)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_count_csv(path: Path, text: str, tail_s: float) -> RawTrace:
+    rows = _rows(path, text)
+    head = [c.strip().lower() for c in rows[0][1]] if rows else []
+    tname, cname = head if len(head) == 2 else ("time", "count")  # the columns as the file names them
+    rows = rows[1:]
     if not rows:
         raise _bad(path, "<rows>", "none", "at least one `time,count` row after the header")
-    times, counts = [], []
-    for i, r in enumerate(rows, start=2):
+    times, counts, lines, cells = [], [], [], []
+    for i, r in rows:
         if len(r) != 2:
             raise _bad(path, f"line {i}", ",".join(r), "two columns: time,count")
-        times.append(_parse_time(path, i, r[0]))
-        counts.append(_number(path, i, r[1]))
+        times.append(_parse_time(path, i, r[0], tname))
+        counts.append(_number(path, i, r[1], cname))
+        lines.append(i)
+        cells.append(r[0])
+    _check_span(path, times, lines, cells, tname)
     return _from_points(times, counts, tail_s)
 
 
-def read_delta_csv(path: Path, initial: int | None) -> RawTrace:
-    rows = _rows(path)
-    header = [c.strip().lower() for c in rows[0]]
+def read_delta_csv(path: Path, text: str, initial: int | None) -> RawTrace:
+    rows = _rows(path, text)
+    if not rows:
+        raise _bad(path, "<rows>", "none", "a header and at least one change row")
+    header = [c.strip().lower() for c in rows[0][1]]
     body = rows[1:]
     if not body:
         raise _bad(path, "<rows>", "none", "at least one change row after the header")
@@ -183,35 +248,48 @@ def read_delta_csv(path: Path, initial: int | None) -> RawTrace:
     elif header == ["", "dt", "count"]:
         sign, tcol, ccol = -1.0, 1, 2
     else:
-        raise _bad(path, "<header>", ",".join(rows[0]), "`,timestamp,dt,count`, `timestamp,number` or `,dt,count`")
-    times, deltas = [], []
-    for i, r in enumerate(body, start=2):
+        raise _bad(path, "<header>", ",".join(rows[0][1]), "`,timestamp,dt,count`, `timestamp,number` or `,dt,count`")
+    if initial is not None and not 0 <= initial <= MAX_COUNT:
+        raise _bad(path, "trace.initial_instances", initial, _COUNT)
+    times, deltas, lines, cells = [], [], [], []
+    for i, r in body:
         if len(r) != len(header):
             raise _bad(path, f"line {i}", ",".join(r), f"{len(header)} columns like the header")
-        times.append(_parse_time(path, i, r[tcol]))
-        deltas.append(sign * _number(path, i, r[ccol]))
+        times.append(_parse_time(path, i, r[tcol], header[tcol]))
+        deltas.append(sign * _number(path, i, r[ccol], header[ccol]))
+        lines.append(i)
+        cells.append(r[tcol])
+    _check_span(path, times, lines, cells, header[tcol])
     order = np.argsort(times, kind="stable")
     d = np.asarray(deltas)[order]
     start = initial if initial is not None else (0 if sign > 0 else int(-d.sum()))
     counts = np.maximum(start + np.cumsum(d), 0.0)
+    if start > MAX_COUNT or counts.max() > MAX_COUNT:
+        k = int(np.argmax(counts > MAX_COUNT)) if counts.max() > MAX_COUNT else 0
+        raise _bad(path, f"line {lines[int(order[k])]}", f"{max(start, float(counts.max())):g} instances in all",
+                   f"changes whose running count stays from 0 to {MAX_COUNT}")
     t = np.asarray(times)[order]
     return RawTrace(t - t[0], counts, float(t[-1] - t[0] + 60.0))  # the trace starts at its first change
 
 
-def read_events_csv(path: Path) -> RawTrace:
-    rows = _rows(path)
+def read_events_csv(path: Path, text: str) -> RawTrace:
+    rows = _rows(path, text)
     if not rows:
         raise _bad(path, "<rows>", "none", "at least one `ms,add|remove,node` row")
     alive: set[str] = set()
-    times, counts = [], []
+    times: list[float] = []
+    counts: list[int] = []
     parsed = []
-    for i, r in enumerate(rows, start=1):
+    for i, r in rows:
         if len(r) != 3 or r[1].strip() not in ("add", "remove"):
             raise _bad(path, f"line {i}", ",".join(r), "`ms,add|remove,nodeN`")
-        parsed.append((_number(path, i, r[0]), r[1].strip(), r[2].strip()))
+        ms = _number(path, i, r[0], "ms", hi=MAX_SPAN_S * 1000.0, allowed=f"milliseconds from 0 to {MAX_SPAN_S * 1000.0:.0f}")
+        parsed.append((ms, r[1].strip(), r[2].strip(), i))
     parsed.sort(key=lambda e: e[0])
-    for ms, kind, node in parsed:
+    for ms, kind, node, line in parsed:
         (alive.add if kind == "add" else alive.discard)(node)
+        if len(alive) > MAX_COUNT:
+            raise _bad(path, f"line {line}", node, f"at most {MAX_COUNT} nodes up at once")
         if times and times[-1] == ms / 1000.0:
             counts[-1] = len(alive)
         else:
@@ -224,21 +302,22 @@ def read_events_csv(path: Path) -> RawTrace:
 
 
 def read_raw(path: Path, fmt: str = "auto", initial: int | None = None) -> RawTrace:
-    if not path.exists() or not path.is_file():
+    if path.is_dir():
+        raise _bad(path, "trace.path", str(path), "a trace file, not a folder (shipped ones: data/traces/)")
+    if not path.is_file():
         raise _bad(path, "trace.path", str(path), "an existing trace file (shipped ones: data/traces/)")
-    if path.stat().st_size == 0:
+    text = _text(path)
+    if not text.strip():
         raise _bad(path, "<file>", "empty", "a non-empty trace file")
-    fmt = detect_format(path) if fmt == "auto" else fmt
+    fmt = _detect(path, text) if fmt == "auto" else fmt
     if fmt == "skypilot":
-        return read_skypilot(path)
-    if fmt == "bamboo-count":
-        return read_count_csv(path, tail_s=60.0)
-    if fmt == "bamboo-minute":
-        return read_count_csv(path, tail_s=60.0)
+        return read_skypilot(path, text)
+    if fmt in ("bamboo-count", "bamboo-minute"):
+        return read_count_csv(path, text, tail_s=60.0)
     if fmt == "bamboo-delta":
-        return read_delta_csv(path, initial)
+        return read_delta_csv(path, text, initial)
     if fmt == "bamboo-events":
-        return read_events_csv(path)
+        return read_events_csv(path, text)
     raise _bad(path, "trace.format", fmt, f"one of {['auto', *FORMATS]}")
 
 

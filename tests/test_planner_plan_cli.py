@@ -14,7 +14,8 @@ def test_plan_on_a_real_trace(pearl, tmp_path: Path) -> None:
     res = pearl("plan", "--config", str(REPO_ROOT / "configs/experiments/default.yaml"), "--trace-offset-hours", "1", "--hours", "1", "--out", str(out), "--json", "--backend", "highspy")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
-    assert set(summary) == {"decisions", "solve_ms_p50", "solve_ms_p95", "optimal_fraction", "role_changes", "predicted_rollout_s"}
+    assert set(summary) == {"decisions", "solve_ms_p50", "solve_ms_p95", "optimal_fraction", "role_changes", "predicted_rollout_s", "feasible", "reason"}
+    assert summary["feasible"] is True and summary["reason"] is None
     doc = json.loads(out.read_text())
     assert summary["decisions"] == len(doc["decisions"]) == doc["trace"]["events"] >= 2
     assert summary["optimal_fraction"] == 1.0 and summary["predicted_rollout_s"] > 0

@@ -25,11 +25,12 @@ def calibrate(
     """Fit a workload: to aggregate targets (--targets) or to per-trajectory logs (--logs)."""
     from models.config import ConfigError
     from runtime.jsonout import print_json
+    from runtime.outputs import check_file
 
     if (targets is None) == (not logs):
         raise ConfigError("pearl calibrate", "--targets / --logs", "both" if targets else "neither", "exactly one of them")
     command = "pearl calibrate " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else "pearl calibrate"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_file(out, "pearl calibrate", "--out")
     if logs:
         from runtime.calibration.from_logs import fit_workload, workload_yaml
 

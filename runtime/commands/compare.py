@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import hours_option, offset_option, seed_option, window_flags
 
 if TYPE_CHECKING:
     from runtime.sim.metrics import SimResult
@@ -72,9 +73,9 @@ def compare(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
     policies: str = typer.Option("pearl,roll,rlboost+", "--policies", help="comma-separated policy names"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
-    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0),
-    hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours (default: the config's trace hours, else 2)"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    trace_offset_hours: Optional[float] = offset_option("start this many hours into the trace"),
+    hours: Optional[float] = hours_option("simulated hours (default: the config's trace hours, else 2)"),
+    seed: Optional[int] = seed_option("random seed (default: the config's)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG: throughput and GPU roles over time per policy"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -82,26 +83,33 @@ def compare(
     from models.builder import build_models
     from models.config import ConfigError, load_experiment
     from runtime.commands.simulate import trace_progress, warn_failures
+    from runtime.flags import check_policies
     from runtime.jsonout import print_json, stdout_to_stderr
+    from runtime.outputs import check_plot
     from runtime.sim.run import TraceFlags
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
-        raise ConfigError("--policies", "policies", policies, "a comma-separated list of policy names")
+        raise ConfigError("pearl compare", "--policies", policies, "a comma-separated list of policy names")
+    check_policies(names, str(config), "--policies", "compare")
+    if plot is not None:
+        check_plot(plot, "pearl compare", "--plot")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     models = build_models(spec)
     results = {}
     for name in names:
         prog, update = trace_progress(h, f"simulating {name}")
-        with stdout_to_stderr(as_json), prog:
+        with stdout_to_stderr(as_json), prog, window_flags("compare", hours, trace_offset_hours):
             results[name] = run_sim(spec, name, flags, hours=h, seed=seed, progress=update, models=models)
     if plot is not None:
         plot_comparison(results, plot, f"{spec.name}: {spec.model_name}, {h:g} h", reserved=spec.cluster.gpus_in_pool("rollout"))
     if as_json:
-        out = {"policies": {n: {k: r.summary()[k] for k in CONTRACT} for n, r in results.items()}, "hours": h, "seed": next(iter(results.values())).seed}
+        # feasible: the policy found a layout at every decision (else `failure` says why)
+        rows = {n: {**{k: r.summary()[k] for k in CONTRACT}, "feasible": r.policy_failures == 0} for n, r in results.items()}
+        out = {"policies": rows, "hours": h, "seed": next(iter(results.values())).seed}
         if plot is not None:
             out["plot"] = str(plot)
         print_json(out)

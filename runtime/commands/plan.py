@@ -19,13 +19,15 @@ plan.json schema:
       "plan": {"joins", "leaves", "role_changes", "lent", "returned",
                "actions": [{id, kind, worker, gpus, role, from_role, after, duration_s, deadline_s}]}}]}
 `--json` prints {"decisions", "solve_ms_p50", "solve_ms_p95", "optimal_fraction",
-"role_changes", "predicted_rollout_s"} (predicted_rollout_s: time-weighted mean predicted
-batch completion over the window).
+"role_changes", "predicted_rollout_s", "feasible", "reason"} (predicted_rollout_s: time-weighted
+mean predicted batch completion over the window; feasible: every decision has a finite
+predicted completion, else reason names the first that has none and predicted_rollout_s is null).
+Both plan.json and the summary are strict JSON (non-finite numbers are null).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Optional
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import hours_option, offset_option, window_flags
 
 
 @app.command()
@@ -42,8 +45,8 @@ def plan(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/experiments/*.yaml)"),
     policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl, pearl-no-borrow, pearl-fixed-pd, pearl-no-gate, roll, rlboost+, rlboost+pd"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="trace file (default: the config's trace.path)"),
-    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="window start in trace hours"),
-    hours: Optional[float] = typer.Option(None, "--hours", min=0.0, help="window length in trace hours"),
+    trace_offset_hours: Optional[float] = offset_option("window start in trace hours"),
+    hours: Optional[float] = hours_option("window length in trace hours"),
     out: Path = typer.Option(..., "--out", "-o", help="where to write plan.json"),
     backend: Optional[str] = typer.Option(None, "--backend", help="solver backend (default: the config's)"),
     as_json: bool = typer.Option(False, "--json", help="print a one-object summary on stdout"),
@@ -54,21 +57,21 @@ def plan(
 
     from models.config import ConfigError, load_experiment
     from planner.backends import BACKENDS
-    from planner.policies import POLICIES
-    from runtime.jsonout import print_json, stdout_to_stderr
+    from runtime.flags import check_policies
+    from runtime.jsonout import dumps, print_json, stdout_to_stderr
     from runtime.offline_plan import load_window, plan_over_trace, trace_spec_for
+    from runtime.outputs import check_file
 
     spec = load_experiment(config)
     name = policy or spec.policy.name
-    if name not in POLICIES:
-        raise ConfigError(config, "--policy" if policy else "policy.name", name, f"one of {sorted(POLICIES)}")
+    check_policies([name], str(config), "--policy" if policy else None, "plan", fixed=False)
     be = backend or spec.solver.backend
     if be not in BACKENDS:
-        raise ConfigError(config, "--backend", be, f"one of {list(BACKENDS)}")
-    if hours is not None and hours <= 0:
-        raise ConfigError(config, "--hours", hours, "a number > 0")
+        raise ConfigError(*(("pearl plan", "--backend") if backend else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")
+    check_file(out, "pearl plan", "--out")
     tspec = trace_spec_for(spec, trace)
-    avail = load_window(spec, tspec, trace_offset_hours, hours)
+    with window_flags("plan", hours, trace_offset_hours):
+        avail = load_window(spec, tspec, trace_offset_hours, hours)
     with stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
         task = bar.add_task(f"planning {name}", total=None)
         result = plan_over_trace(spec, name, be, tspec, avail, on_event=lambda i, n: bar.update(task, completed=i, total=n))
@@ -95,8 +98,8 @@ def plan(
                   "hours": hours if hours is not None else tspec.hours, "events": len(result.events), "mean_elastic_gpus": round(result.mean_elastic_gpus, 3)},
         "decisions": records,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    out.write_text(dumps(doc, indent=1))
+    unbounded = next((r for r in records if not math.isfinite(r["decision"]["predicted_completion_s"])), None)
     summary = {
         "decisions": len(records),
         "solve_ms_p50": round(float(np.percentile(solve_ms, 50)), 3),
@@ -104,6 +107,9 @@ def plan(
         "optimal_fraction": round(optimal / max(len(records), 1), 4),
         "role_changes": role_changes,
         "predicted_rollout_s": round(mean_completion, 3),
+        # a decision without a finite predicted completion makes the mean meaningless: say why
+        "feasible": unbounded is None,
+        "reason": None if unbounded is None else f"the decision at t={unbounded['t_s']:g} s has no finite predicted completion",
     }
     if as_json:
         print_json(summary)

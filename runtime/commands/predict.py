@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import batch_option, gpus_option
 
 
 @app.command()
 @user_errors
 def predict(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/experiments/*.yaml)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="rollout GPUs (default: rollout + elastic pools)"),
-    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="trajectories per batch (default: workload's)"),
+    gpus: Optional[int] = gpus_option("rollout GPUs (default: rollout + elastic pools)"),
+    batch: Optional[int] = batch_option("trajectories per batch (default: workload's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Predict rollout-batch completion under colocation and under the best disaggregation ratio."""
@@ -30,14 +32,20 @@ def predict(
     n_dis = n_gpus // m.tp_decode
     col = m.predictor.colocated(n_col)
     dis = m.predictor.best_disaggregated(n_dis)
-    best = "colocated" if col.completion_s <= dis.completion_s else "disaggregated"
+    col_why = infeasible(col.completion_s, n_gpus, n_col, 1, m.tp_colocated)
+    dis_why = infeasible(dis.completion_s, n_gpus, n_dis, 2, m.tp_decode)
+    feasible = {"colocated": col_why is None, "disaggregated": dis_why is None}
+    best = min((k for k, ok in feasible.items() if ok), key=lambda k: col.completion_s if k == "colocated" else dis.completion_s, default=None)
     out = {
-        "colocated": {"completion_s": round(col.completion_s, 3), "instances": n_col, "mean_decode_concurrency": round(col.mean_concurrency, 2)},
+        "colocated": {"feasible": col_why is None, "reason": col_why, "completion_s": round(col.completion_s, 3), "instances": n_col,
+                      "mean_decode_concurrency": round(col.mean_concurrency, 2)},
         "disaggregated": {
+            "feasible": dis_why is None, "reason": dis_why,
             "completion_s": round(dis.completion_s, 3), "prefill": dis.prefill, "decode": dis.decode,
             "prefill_path_s": round(dis.prefill_path_s, 3), "decode_path_s": round(dis.decode_path_s, 3),
             "prefill_queue_s": round(dis.prefill_queue_s, 3),
         },
+        "feasible": best is not None,
         "best": best,
         "gpus": n_gpus,
         "batch": m.predictor.shape.batch,
@@ -53,8 +61,28 @@ def predict(
     t = Table(title=f"{spec.name}: {spec.model_name}, batch {out['batch']}, {n_gpus} rollout {m.rollout_gpu} GPUs (profile {m.profile.name}, {m.profile.label})")
     for col_name in ("mode", "instances", "completion (s)", "detail"):
         t.add_column(col_name)
-    t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", f"{col.completion_s:.1f}", f"mean decode concurrency {col.mean_concurrency:.1f}/instance")
-    t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", f"{dis.completion_s:.1f}", f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s")
+    t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", _seconds(col.completion_s, col_why), col_why or f"mean decode concurrency {col.mean_concurrency:.1f}/instance")
+    t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", _seconds(dis.completion_s, dis_why),
+              dis_why or f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s")
     Console().print(t)
-    gain = abs(col.completion_s - dis.completion_s) / max(col.completion_s, dis.completion_s) * 100
-    Console().print(f"best: [bold]{best}[/bold] ({gain:.1f}% faster)")
+    if best is None:
+        Console().print("best: [bold]none[/bold] (no mode is feasible)")
+        return
+    other = dis.completion_s if best == "colocated" else col.completion_s
+    mine = col.completion_s if best == "colocated" else dis.completion_s
+    gain = f"{(other - mine) / other * 100:.1f}% faster" if math.isfinite(other) else "the only feasible mode"
+    Console().print(f"best: [bold]{best}[/bold] ({gain})")
+
+
+def infeasible(completion_s: float, gpus: int, instances: int, needed: int, tp: int) -> str | None:
+    """Why a mode has no finite completion time (None: it has one). Without this the JSON said
+    `null` and the table `inf`, leaving the user to guess."""
+    if math.isfinite(completion_s):
+        return None
+    if instances < needed:
+        return f"{gpus} rollout GPU(s) host {instances} TP{tp} instance(s); this mode needs {needed} ({needed * tp} GPUs)"
+    return "no finite completion time: an instance's KV cache cannot hold one sequence"
+
+
+def _seconds(value: float, why: str | None) -> str:
+    return "infeasible" if why else f"{value:.1f}"

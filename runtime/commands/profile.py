@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import int_option
 
 
 @app.command()
@@ -21,15 +22,15 @@ def profile(
     grid: str = typer.Option("small", "--grid", help="tiny | small | medium"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     load_format: str = typer.Option("auto", "--load-format", help="auto | dummy (random weights, config-only dir)"),
-    max_model_len: int = typer.Option(1024, "--max-model-len", min=64),
-    tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree of the engine"),
-    kv_cache_gib: int = typer.Option(1, "--kv-cache-gib", min=1, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
+    max_model_len: int = int_option(1024, "--max-model-len", lo=64, hi=1 << 20, help="engine context length"),
+    tp: int = int_option(1, "--tp", lo=1, hi=1024, help="tensor-parallel degree of the engine"),
+    kv_cache_gib: int = int_option(1, "--kv-cache-gib", lo=1, hi=4096, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
     cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
-    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=64, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
+    max_num_batched_tokens: int = int_option(2048, "--max-num-batched-tokens", lo=64, hi=1 << 20, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
     clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, blind to other processes on this machine though not to a VM host's stolen cycles) | served (an AsyncLLM engine in its own process, as rollouts run it: the engine core's per-request timestamps)"),
-    repeats: int = typer.Option(0, "--repeats", min=0, help="repeats per point (0: the grid's default, >= 3)"),
+    repeats: int = int_option(0, "--repeats", lo=0, hi=1000, help="repeats per point (0: the grid's default, >= 3)"),
     pd: bool = typer.Option(False, "--pd", help="with --clock served --engines 2: profile a disaggregated pair (engine 0 prefills and hands its KV to engine 1, which decodes) through the runtime's KV connector; adds 'handoff' samples"),
-    engines: int = typer.Option(1, "--engines", min=1, help="with --clock served: engines run at once, as co-located rollout engines run (each point runs on all of them together; engine i binds to the i-th '|'-part of --cpu-bind, e.g. '0|1')"),
+    engines: int = int_option(1, "--engines", lo=1, hi=64, help="with --clock served: engines run at once, as co-located rollout engines run (each point runs on all of them together; engine i binds to the i-th '|'-part of --cpu-bind, e.g. '0|1')"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
     from dataclasses import replace

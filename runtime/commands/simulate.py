@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import hours_option, offset_option, seed_option, window_flags
 
 if TYPE_CHECKING:
     from runtime.sim.metrics import SimResult
@@ -53,25 +54,27 @@ def simulate(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
     policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | rlboost+pd | fixed:<mode>:<c>:<p>:<d>[:<borrow>]"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
-    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="start this many hours into the trace"),
-    hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours (default: the config's trace hours, else 2)"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="random seed (default: the config's)"),
+    trace_offset_hours: Optional[float] = offset_option("start this many hours into the trace"),
+    hours: Optional[float] = hours_option("simulated hours (default: the config's trace hours, else 2)"),
+    seed: Optional[int] = seed_option("random seed (default: the config's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Simulate asynchronous agentic RL under one policy and report throughput, switches and safety counters."""
     from models.config import load_experiment
+    from runtime.flags import check_policies
     from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
+    check_policies([policy or spec.policy.name], str(config), "--policy" if policy else None, "simulate")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     prog, update = trace_progress(h, f"simulating {policy or spec.policy.name}")
-    with stdout_to_stderr(as_json), prog:
+    with stdout_to_stderr(as_json), prog, window_flags("simulate", hours, trace_offset_hours):
         r = run_sim(spec, policy, flags, hours=h, seed=seed, progress=update)
     if as_json:
-        print_json(r.to_json())
+        print_json({**r.to_json(), "feasible": r.policy_failures == 0})  # a layout at every decision; else `failure` says why
     else:
         print_table(r, f"{spec.name}: {r.policy}, {h:g} simulated h (seed {r.seed}, {r.wall_s:.1f} s wall, {r.events} events)")
     if warn_failures({r.policy: r}):

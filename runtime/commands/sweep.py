@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import MAX_JOBS, MAX_SEEDS, hours_option, int_option, offset_option, window_flags
 
 if TYPE_CHECKING:
     from runtime.sweep.study import SweepResult
@@ -21,11 +22,11 @@ def sweep(
     sets: List[str] = typer.Option([], "--set", help="key=v1,v2,... over a numeric config key (repeat for more keys), e.g. costs.transition_weight=0,1,4"),
     mode: str = typer.Option("grid", "--mode", help="grid: every combination | oneway: one key at a time, the others at the config's values"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
-    trace_offset_hours: Optional[float] = typer.Option(None, "--trace-offset-hours", min=0.0, help="start this many hours into the trace"),
-    hours: Optional[float] = typer.Option(None, "--hours", min=0.01, help="simulated hours per point (default: the config's trace hours, else 2)"),
+    trace_offset_hours: Optional[float] = offset_option("start this many hours into the trace"),
+    hours: Optional[float] = hours_option("simulated hours per point (default: the config's trace hours, else 2)"),
     policy: Optional[str] = typer.Option(None, "--policy", "-p", help="policy for every point (default: the config's)"),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="seeds per point: the config's seed, +1, ..."),
-    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="parallel processes"),
+    seeds: int = int_option(1, "--seeds", lo=1, hi=MAX_SEEDS, help="seeds per point: the config's seed, +1, ..."),
+    jobs: int = int_option(2, "--jobs", "-j", lo=1, hi=MAX_JOBS, help="parallel processes"),
     planner_only: bool = typer.Option(False, "--planner-only", help="run the `pearl plan` loop over the trace instead of the simulator"),
     pareto_x: str = typer.Option("switches", "--pareto-x", help="cost axis of the Pareto front (switches, reconfigurations, lends, ...)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG path (default: <out>/sweep.png)"),
@@ -34,22 +35,40 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="print the JSON document on stdout"),
 ) -> None:
     """Sweep config keys through the simulator; write JSON, a markdown table and plots (cached, parallel, resumable)."""
-    from models.config import load_experiment
+    from models.config import ConfigError, load_experiment
+    from runtime.flags import check_policies
     from runtime.jsonout import print_json, stdout_to_stderr
+    from runtime.outputs import check_file, check_folder, check_plot
     from runtime.sim.run import TraceFlags
     from runtime.sweep.keys import parse_sets
+    from runtime.sweep.points import MODES
+    from runtime.sweep.runner import PLAN_METRICS, SIM_METRICS
     from runtime.sweep.study import run_study, write_outputs
 
+    # every flag and output path is checked here, before a study that can run for hours
     spec = load_experiment(config)
     parsed = parse_sets(sets, spec)
+    if mode not in MODES:
+        raise ConfigError("pearl sweep", "--mode", mode, f"one of {list(MODES)}")
+    metrics = PLAN_METRICS if planner_only else SIM_METRICS
+    if pareto_x not in metrics:
+        raise ConfigError("pearl sweep", "--pareto-x", pareto_x, f"one of {list(metrics)}")
+    check_policies([policy or spec.policy.name], str(config), "--policy" if policy else None, "sweep", fixed=not planner_only)
+    out_dir = out or Path("runs/sweep") / spec.name
+    check_folder(out_dir, "pearl sweep", "--out")
+    for name in ("sweep.json", "sweep.md") + (() if plot else ("sweep.png",)):
+        check_file(out_dir / name, "pearl sweep", "--out")
+    if plot is not None:
+        check_plot(plot, "pearl sweep", "--plot")
+    check_folder(cache, "pearl sweep", "--cache")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     try:
-        with stdout_to_stderr(as_json):  # worker processes inherit fd 1
+        with stdout_to_stderr(as_json), window_flags("sweep", hours, trace_offset_hours):  # worker processes inherit fd 1
             res = run_study(spec, parsed, mode, policy, flags, hours, seeds, jobs, planner_only, cache, pareto_x)
     except KeyboardInterrupt:
         print(f"pearl: sweep interrupted; finished points are cached in {cache}, rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(130) from None
-    paths = write_outputs(res, out or Path("runs/sweep") / spec.name, plot)
+    paths = write_outputs(res, out_dir, plot)
     if as_json:
         print_json(res.to_json())
     else:

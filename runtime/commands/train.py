@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from runtime.cli import app, user_errors
+from runtime.flags import steps_option
 
 
 def _has_vllm() -> bool:
@@ -25,7 +27,7 @@ def _has_vllm() -> bool:
 def train(
     config: str = typer.Option(..., "--config", help="experiment YAML (configs/experiments/train-*.yaml)"),
     backend: Optional[str] = typer.Option(None, "--backend", help="vllm | emulated (default: the config's runtime.backend)"),
-    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="training steps (default: runtime.steps)"),
+    steps: Optional[int] = steps_option("training steps (default: runtime.steps)"),
     address: Optional[str] = typer.Option(None, "--address", help="connect to an existing Ray cluster instead of starting one"),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="JSONL metrics file (default: runtime.metrics_path)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as one JSON object on stdout"),
@@ -37,11 +39,19 @@ def train(
         os.environ.setdefault(k, v)
     spec = load_experiment(config)
     chosen = backend or spec.runtime.backend
+    where = ("pearl train", "--backend") if backend else (config, "runtime.backend")
     if chosen not in ("vllm", "emulated"):
-        raise ConfigError("--backend", "backend", chosen, "vllm or emulated")
+        raise ConfigError(*where, chosen, "vllm or emulated")
     if chosen == "vllm" and not _has_vllm():
-        raise ConfigError("--backend", "backend", chosen, "emulated (vLLM is not installed here)")
+        raise ConfigError(*where, chosen, "emulated (vLLM is not installed here)")
     n = steps or spec.runtime.steps
+    from runtime.outputs import check_file
+
+    # the metrics file opens before Ray and the engines start: a bad path fails here, in one line
+    if metrics is not None:
+        check_file(Path(metrics), "pearl train", "--metrics")
+    else:
+        check_file(Path(__file__).resolve().parents[2] / spec.runtime.metrics_path, config, "runtime.metrics_path")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
