@@ -3,23 +3,39 @@
 Non-negative least squares (every term is a physical cost, so no coefficient may be
 negative) on relative error: each row is divided by its measured time, so the fit
 minimises percentage error, which is what MAPE reports. A deterministic held-out part
-of the grid measures generalisation.
+of the grid measures generalisation. Samples are checked line by line as they are read, and
+data too thin to identify or judge a fit is refused (`check_identifiable`), so a "measured"
+profile never carries a NaN or a trivially exact error.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 import numpy as np
-from scipy.optimize import nnls
 
 from models.config import GPUSpec, LLMSpec
 from models.step_latency import FEATURES, EngineProfile, KVHandoff, StepCoefficients, StepShape, step_features
 
 SAMPLE_FIELDS = ("kind", "prefill_tokens", "prefill_requests", "prefill_prefix_tokens", "decode_seqs", "decode_context_tokens", "seconds")
+KINDS = ("prefill", "decode", "handoff")
+
+# Stated ranges of a sample's numbers. Far beyond any engine step, yet small enough that the
+# features (token counts squared for attention, divided by a step time) stay finite floats.
+MAX_TOKENS = 1e10  # tokens in one step (prefill, cached prefix, summed decode context)
+MAX_REQUESTS = 1e7  # requests or sequences in one step
+SECONDS_RANGE = (1e-9, 1e5)  # one step: a nanosecond to about a day
+MAX_REPEAT_SPREAD = 100.0  # relative deviation of the repeats (1 = 100%)
+MAX_TP = 1024
+MAX_SAMPLES_BYTES = 64 * 2**20  # a profiling grid writes kilobytes; more is not a samples file
+# Whole numbers (a per-step average over identical steps is still whole); the summed decode
+# context is averaged over decode steps whose context grows, so it may be fractional.
+INTEGER_FIELDS = ("prefill_tokens", "prefill_requests", "prefill_prefix_tokens", "decode_seqs")
+FIELD_MAX = {"prefill_tokens": MAX_TOKENS, "prefill_requests": MAX_REQUESTS, "prefill_prefix_tokens": MAX_TOKENS, "decode_seqs": MAX_REQUESTS, "decode_context_tokens": MAX_TOKENS}
 
 
 @dataclass(frozen=True)
@@ -41,37 +57,142 @@ class StepSample:
         return StepShape(self.prefill_tokens, self.prefill_requests, self.prefill_prefix_tokens, self.decode_seqs, self.decode_context_tokens)
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """JSON object hook: a repeated key is an error (plain json lets the last one win silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def brief_value(value: Any) -> Any:
+    """The bad value as shown in an error line: short enough to stay one readable line."""
+    text = repr(value)
+    return value if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)  # JSON true is no number
+
+
+def check_number(path: Path, field: str, v: Any, lo: float, hi: float, integer: bool = False) -> float:
+    """`v` as a float if it is a finite JSON number in [lo, hi] (whole where `integer`), else ConfigError.
+
+    Compares before converting: a JSON integer too large for a float must not overflow."""
+    from models.config import ConfigError
+
+    allowed = f"{'an integer' if integer else 'a finite number'} in [{lo:g}, {hi:g}]"
+    if not _is_number(v) or (isinstance(v, float) and not math.isfinite(v)) or not lo <= v <= hi or (integer and v != int(v)):
+        raise ConfigError(path, field, brief_value(v), allowed)
+    return float(v)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, or ConfigError for what cannot be a samples file (a directory, a device
+    or pipe that would block or never end, a huge or binary file)."""
+    from models.config import ConfigError
+
+    allowed = "a UTF-8 JSONL samples file written by `pearl profile`"
+    if not path.exists():
+        raise ConfigError(path, "<file>", str(path), "an existing samples JSONL written by `pearl profile`")
+    if not path.is_file():
+        raise ConfigError(path, "<file>", "a directory" if path.is_dir() else "not a regular file", allowed)
+    try:
+        if path.stat().st_size > MAX_SAMPLES_BYTES:
+            raise ConfigError(path, "<file>", f"{path.stat().st_size} bytes", f"{allowed}, at most {MAX_SAMPLES_BYTES} bytes")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "<file>", f"binary data (not UTF-8 at byte {exc.start})", allowed) from None
+    except OSError as exc:
+        raise ConfigError(path, "<file>", exc.strerror or type(exc).__name__, allowed) from None
+    if "\x00" in text:
+        raise ConfigError(path, "<file>", f"binary data (NUL at byte {text.index(chr(0))})", allowed)
+    return text
+
+
+def _check_header(path: Path, where: str, header: Any) -> dict:
+    """An object whose tp is a TP degree and that holds no NaN or infinite number anywhere (its
+    engine facts are copied into the profile, whose JSON must stay strict). The fields only
+    `pearl fit` reads are checked there (runtime/commands/fit.py)."""
+    from models.config import ConfigError
+
+    if not isinstance(header, dict):
+        raise ConfigError(path, f"{where}.header", brief_value(header), "an object of run facts written by `pearl profile`")
+    if "tp" in header:
+        check_number(path, f"{where}.header.tp", header["tp"], 1, MAX_TP, integer=True)
+    stack: list[tuple[str, Any]] = [(f"{where}.header", header)]
+    while stack:  # iterative: a deeply nested header must not exhaust the recursion limit
+        name, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{name}.{k}", x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{name}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(path, name, v, "finite numbers (JSON has no NaN or Infinity)")
+    return header
+
+
+def _check_sample(path: Path, where: str, obj: dict) -> StepSample:
+    from models.config import ConfigError
+
+    missing = [f for f in SAMPLE_FIELDS if f not in obj]
+    if missing:
+        raise ConfigError(path, f"{where}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
+    unknown = [k for k in obj if k not in (*SAMPLE_FIELDS, "repeat_spread")]
+    if unknown:
+        raise ConfigError(path, f"{where}.{unknown[0]}", brief_value(obj[unknown[0]]), f"sample fields {list(SAMPLE_FIELDS)} and optional repeat_spread")
+    kind, secs = obj["kind"], obj["seconds"]
+    if kind not in KINDS or (_is_number(secs) and not secs > 0):  # NaN seconds fail `> 0` too
+        raise ConfigError(path, where, {"kind": brief_value(kind), "seconds": secs}, "kind prefill|decode|handoff and seconds > 0")
+    values = {f: check_number(path, f"{where}.{f}", obj[f], 0, FIELD_MAX[f], integer=f in INTEGER_FIELDS) for f in FIELD_MAX}
+    seconds = check_number(path, f"{where}.seconds", secs, *SECONDS_RANGE)
+    spread = obj.get("repeat_spread", 0.0)
+    if not _is_number(spread) or not 0 <= spread <= MAX_REPEAT_SPREAD:  # NaN fails the comparison
+        raise ConfigError(path, f"{where}.repeat_spread", brief_value(spread), f"a number >= 0 (optional; at most {MAX_REPEAT_SPREAD:g})")
+    return StepSample(kind, **values, seconds=seconds, repeat_spread=float(spread))
+
+
 def read_samples(path: str | Path) -> tuple[dict, list[StepSample]]:
-    """JSONL: first line a header object {"header": {...}}, then one sample object per line."""
+    """JSONL: an optional first line {"header": {...}}, then one sample object per line.
+
+    Everything is checked here, at the edge: a bad line is one ConfigError naming the file,
+    the line and the field, so no NaN, string or absurd number reaches the fit."""
     from models.config import ConfigError
 
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(path, "<file>", str(path), "an existing samples JSONL written by `pearl profile`")
-    header: dict = {}
+    header: dict | None = None
     samples: list[StepSample] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(_read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
+        where = f"line {lineno}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            raise ConfigError(path, f"line {lineno}", line[:60], "one JSON object per line") from None
+            obj = json.loads(line, object_pairs_hook=_no_duplicates)
+        except _DuplicateKey as exc:
+            raise ConfigError(path, f"{where}.{exc.key}", "a repeated key", "each key once per line") from None
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer of > 4300 digits, absurd nesting
+            raise ConfigError(path, where, line[:60], "one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(path, where, brief_value(obj), "one JSON object per line: {\"header\": {...}} first, then samples")
         if "header" in obj:
-            header = obj["header"]
+            if samples or header is not None:
+                raise ConfigError(path, f"{where}.header", "a header after other lines", "one header, on the first line")
+            if len(obj) > 1:
+                raise ConfigError(path, where, brief_value(sorted(obj)), "a header line holds only {\"header\": {...}}")
+            header = _check_header(path, where, obj["header"])
             continue
-        missing = [f for f in SAMPLE_FIELDS if f not in obj]
-        if missing:
-            raise ConfigError(path, f"line {lineno}.{missing[0]}", "<missing>", f"sample fields {list(SAMPLE_FIELDS)}")
-        if obj["kind"] not in ("prefill", "decode", "handoff") or not obj["seconds"] > 0:
-            raise ConfigError(path, f"line {lineno}", {k: obj[k] for k in ("kind", "seconds")}, "kind prefill|decode|handoff and seconds > 0")
-        spread = obj.get("repeat_spread", 0.0)
-        if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
-            raise ConfigError(path, f"line {lineno}.repeat_spread", spread, "a number >= 0 (optional)")
-        samples.append(StepSample(**{f: obj[f] for f in SAMPLE_FIELDS}, repeat_spread=float(spread)))
+        samples.append(_check_sample(path, where, obj))
     if not samples:
         raise ConfigError(path, "<samples>", 0, "at least one sample line")
-    return header, samples
+    return header or {}, samples
 
 
 def write_samples(path: str | Path, header: dict, samples: Iterable[StepSample]) -> None:
@@ -84,17 +205,25 @@ def write_samples(path: str | Path, header: dict, samples: Iterable[StepSample])
 
 
 def _design(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.array([step_features(s.shape(), llm, gpu, tp) for s in samples])
+    x = np.array([step_features(s.shape(), llm, gpu, tp) for s in samples]).reshape(-1, len(FEATURES))
     y = np.array([s.seconds for s in samples])
     return x, y
 
 
-def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative c minimising the relative error of x @ c against y."""
+def _relative(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The system NNLS solves: rows divided by their measured time, columns by their largest entry."""
     a = x / y[:, None]
     # Column scaling keeps NNLS well conditioned when terms differ by orders of magnitude.
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
-    sol, _ = nnls(a / scale, np.ones_like(y), maxiter=2000)
+    return a / scale, scale
+
+
+def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative c minimising the relative error of x @ c against y."""
+    from scipy.optimize import nnls  # here, not at the top: every `pearl` command imports this module's limits
+
+    a, scale = _relative(x, y)
+    sol, _ = nnls(a, np.ones_like(y), maxiter=2000)
     return sol / scale
 
 
@@ -126,10 +255,14 @@ def repeat_noise_pct(samples: list[StepSample]) -> float | None:
     return float(np.mean([s.repeat_spread for s in samples]) * 100)
 
 
+def _handoff_design(samples: list[StepSample]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([[1.0, s.prefill_requests, s.prefill_prefix_tokens] for s in samples]).reshape(-1, 3)
+    return x, np.array([s.seconds for s in samples])
+
+
 def fit_handoff(samples: list[StepSample]) -> KVHandoff:
     """NNLS on relative error: t = fixed + per_request * requests + per_token * loaded tokens."""
-    x = np.array([[1.0, s.prefill_requests, s.prefill_prefix_tokens] for s in samples])
-    return KVHandoff(*(float(v) for v in _nnls_relative(x, np.array([s.seconds for s in samples]))))
+    return KVHandoff(*(float(v) for v in _nnls_relative(*_handoff_design(samples))))
 
 
 def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
@@ -146,6 +279,43 @@ def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepS
         for i, s in enumerate(group):
             (test if every and i % every == every - 1 else train).append(s)
     return train, test
+
+
+# Singular values of the scaled training system below this fraction of the largest are
+# directions the data does not move along. On the shipped grids they are either >= 1e-2 or
+# <= 1e-15 (exactly collinear terms: a dense model's weight reads are constant, like `fixed`).
+RANK_RTOL = 1e-10
+
+
+def check_identifiable(kind: str, x_train: np.ndarray, y_train: np.ndarray, x_holdout: np.ndarray, source: str | Path, holdout_every: int) -> None:
+    """Refuse to call a fit measured when its data cannot judge it (ConfigError otherwise).
+
+    The rule, per step kind: the training part holds more distinct shapes (distinct rows of
+    the fit's design) than the rank of its scaled design matrix (the independent terms the
+    shapes let vary), and the held-out part at least one shape not trained on. With no more
+    distinct shapes than that rank the fit passes through every point: a 0% training error
+    that says nothing. With no unseen held-out shape the held-out error is NaN (none) or only
+    repeats a training point. Since the rank is at most the number of coefficients fitted,
+    that many plus one distinct training shapes always suffice (8 for a step kind, 4 for the
+    handoff); fewer do where the shapes vary fewer terms (the 8-point `tiny` grid: rank 3-5).
+    """
+    from models.config import ConfigError
+
+    rows = {r.tobytes() for r in x_train}
+    if len(x_train):
+        sv = np.linalg.svd(_relative(x_train, y_train)[0], compute_uv=False)
+        rank = int(np.sum(sv > sv[0] * RANK_RTOL))
+    else:
+        rank = 0
+    unseen = len({r.tobytes() for r in x_holdout} - rows)
+    if len(rows) <= rank or unseen < 1:
+        raise ConfigError(
+            source,
+            f"{kind} samples",
+            f"{len(rows)} distinct shapes to train on, spanning {rank} independent terms; {unseen} held-out shapes not trained on",
+            f"more distinct {kind} shapes to train on than the terms they span (here >= {rank + 1}; {x_train.shape[1] + 1} always suffice),"
+            f" and >= 1 held-out shape not trained on (1 in {holdout_every} {kind} samples is held out: --holdout-every)",
+        )
 
 
 @dataclass(frozen=True)
@@ -168,8 +338,14 @@ def fit_profile(
     model: str,
     machine: str = "",
     holdout_every: int = 4,
+    source: str | Path = "<samples>",
 ) -> FitReport:
-    """Fit prefill and decode coefficient sets and report MAPE on train and held-out samples."""
+    """Fit prefill and decode coefficient sets and report MAPE on train and held-out samples.
+
+    Data that cannot identify a fit (`check_identifiable`) or that makes NNLS fail is a
+    ConfigError naming `source`, never a "measured" profile with a 0% or NaN error."""
+    from models.config import ConfigError
+
     train, test = split_holdout(samples, holdout_every)
     coeffs: dict[str, StepCoefficients] = {}
     tr_m: dict[str, float] = {}
@@ -177,25 +353,30 @@ def fit_profile(
     n_tr: dict[str, int] = {}
     n_ho: dict[str, int] = {}
     noise: dict[str, float | None] = {}
-    for kind in ("prefill", "decode"):
+    # A P/D profile also fits the decode engine's takeover of prefilled requests.
+    kinds = ("prefill", "decode", "handoff") if any(s.kind == "handoff" for s in samples) else ("prefill", "decode")
+    handoff = None
+    for kind in kinds:
         tr = [s for s in train if s.kind == kind]
         ho = [s for s in test if s.kind == kind]
-        if not tr:
-            raise ValueError(f"no {kind} samples to fit")
-        c = fit_coefficients(tr, llm, gpu, tp)
-        coeffs[kind] = c
-        tr_m[kind] = mape(tr, c, llm, gpu, tp)
-        ho_m[kind] = mape(ho, c, llm, gpu, tp)
+        design = _handoff_design if kind == "handoff" else lambda group: _design(group, llm, gpu, tp)
+        (x_tr, y_tr), (x_ho, _) = design(tr), design(ho)
+        check_identifiable(kind, x_tr, y_tr, x_ho, source, holdout_every)
+        try:
+            if kind == "handoff":
+                handoff = fit_handoff(tr)
+                vector = np.array([handoff.fixed_s, handoff.per_request_s, handoff.per_token_s])
+                tr_m[kind], ho_m[kind] = handoff_mape(tr, handoff), handoff_mape(ho, handoff)
+            else:
+                coeffs[kind] = fit_coefficients(tr, llm, gpu, tp)
+                vector = coeffs[kind].vector()
+                tr_m[kind], ho_m[kind] = mape(tr, coeffs[kind], llm, gpu, tp), mape(ho, coeffs[kind], llm, gpu, tp)
+        except RuntimeError as exc:  # NNLS out of iterations
+            raise ConfigError(source, f"{kind} samples", str(exc), "samples a non-negative least-squares fit converges on") from None
         n_tr[kind], n_ho[kind] = len(tr), len(ho)
         noise[kind] = repeat_noise_pct(tr + ho)
-    handoff = None
-    tr = [s for s in train if s.kind == "handoff"]
-    if tr:  # a P/D profile: the decode engine's takeover of prefilled requests
-        ho = [s for s in test if s.kind == "handoff"]
-        handoff = fit_handoff(tr)
-        tr_m["handoff"], ho_m["handoff"] = handoff_mape(tr, handoff), handoff_mape(ho, handoff)
-        n_tr["handoff"], n_ho["handoff"] = len(tr), len(ho)
-        noise["handoff"] = repeat_noise_pct(tr + ho)
+        if not np.all(np.isfinite([*vector, tr_m[kind], ho_m[kind]])):  # backstop: validated input keeps these finite
+            raise ConfigError(source, f"{kind} samples", "a fit with non-finite coefficients or errors", "samples whose fit is finite")
     profile = EngineProfile(
         name=name,
         hardware=hardware,

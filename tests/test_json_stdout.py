@@ -88,13 +88,14 @@ def test_every_solver_backend_is_silent_at_the_source() -> None:
     assert res.stdout == "", res.stdout[:500]
 
 
-def test_non_finite_numbers_print_as_null(pearl: Callable[..., CliResult], tmp_path: Path) -> None:
-    """With no held-out sample the held-out MAPE is NaN: `--json` prints null, not `NaN`."""
+def test_too_few_samples_are_refused_not_fitted_with_a_nan_error(pearl: Callable[..., CliResult], tmp_path: Path) -> None:
+    """Two samples per kind cannot identify a fit nor leave one to judge it by: exit 2, one line,
+    nothing on stdout (never a "measured" profile with a NaN held-out error printed as null)."""
     samples = tmp_path / "few.jsonl"
     samples.write_text("\n".join(TINY_SAMPLES.read_text().splitlines()[:5]) + "\n")  # header, 2 prefill, 2 decode
-    out = strict_object(pearl("fit", "--samples", str(samples), "--out", str(tmp_path / "p.json"), "--json"))
-    assert out["n_holdout"] == {"prefill": 0, "decode": 0}
-    assert out["holdout_mape_pct"] == {"prefill": None, "decode": None}
+    res = pearl("fit", "--samples", str(samples), "--out", str(tmp_path / "p.json"), "--json")
+    assert res.returncode == 2 and res.stdout == "" and "field 'prefill samples'" in res.stderr, res.stderr
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_dumps_turns_non_finite_numbers_into_null() -> None:

@@ -3,11 +3,68 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Mapping
 
 import typer
 
+from models.fit import MAX_TP
 from runtime.cli import app, user_errors
+from runtime.flags import int_option
+
+MAX_HOLDOUT_EVERY = 1_000  # more holds nothing out of any real grid, which the fit then refuses anyway
+
+
+def _check_out(out: Path) -> None:
+    """--out must be writable before the work: a directory there, or a file where a folder must
+    go, would otherwise end a finished fit in a traceback."""
+    from models.config import ConfigError
+
+    if out.is_dir():
+        raise ConfigError("pearl fit", "--out", str(out), "a file path for the profile JSON, not a directory")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError("pearl fit", "--out", str(out), f"a path under a writable folder ({parent} is not one)")
+
+
+# Header fields `pearl fit` reads, and their JSON types (others are carried as they are).
+HEADER_TYPES: dict[str, type] = {"model": str, "hardware": str, "machine": str, "date": str, "engine": dict, "machine_detail": dict, "load_avg": list}
+TYPE_NAMES: dict[type, str] = {dict: "a JSON object", list: "a JSON array", str: "a string"}
+
+
+def _check_header(samples: Path, header: dict) -> None:
+    """The header fields this command reads have the types it reads them as (read_samples
+    checked the rest: an object, tp, no NaN or infinity)."""
+    from models.config import ConfigError
+    from models.fit import MAX_TOKENS, brief_value, check_number
+
+    for key, typ in HEADER_TYPES.items():
+        if key in header and not isinstance(header[key], typ):
+            raise ConfigError(samples, f"header.{key}", brief_value(header[key]), TYPE_NAMES[typ])
+    for i, v in enumerate(header.get("load_avg") or []):
+        check_number(samples, f"header.load_avg[{i}]", v, 0, 1e6)
+    if "load_avg" in header and len(header["load_avg"]) != 2:
+        raise ConfigError(samples, "header.load_avg", brief_value(header["load_avg"]), "[before, after]: two load averages")
+    engine = header.get("engine") or {}
+    if not isinstance(engine.get("clock", ""), str):
+        raise ConfigError(samples, "header.engine.clock", brief_value(engine["clock"]), "wall, thread or served")
+    if "max_num_batched_tokens" in engine:  # predictions read it from the profile (a step's token budget)
+        check_number(samples, "header.engine.max_num_batched_tokens", engine["max_num_batched_tokens"], 1, MAX_TOKENS, integer=True)
+
+
+def _pick(key: str, flag_value: str | None, header: dict, samples: Path, catalog_file: str, known: Mapping[str, object]) -> str:
+    """The catalog name from --KEY, else from the samples header; an unknown one blames where it
+    came from (the flag, or the header's field in the samples file)."""
+    from models.config import ConfigError
+
+    if flag_value is not None:
+        if flag_value not in known:
+            raise ConfigError("pearl fit", f"--{key}", flag_value, f"one of {sorted(known)} (in {catalog_file})")
+        return flag_value
+    if header.get(key) not in known:  # _check_header made it a string where present
+        raise ConfigError(samples, f"header.{key}", header.get(key, "<missing>"), f"one of {sorted(known)} (in {catalog_file}), or pass --{key}")
+    return header[key]
 
 
 @app.command()
@@ -16,21 +73,24 @@ def fit(
     samples: Path = typer.Option(..., "--samples", help="samples JSONL written by `pearl profile`"),
     model: str = typer.Option(None, "--model", help="model name in configs/llms.yaml (default: the samples header's)"),
     hardware: str = typer.Option(None, "--hardware", help="accelerator in configs/hardware.yaml (default: the samples header's)"),
-    tp: int = typer.Option(None, "--tp", min=1, help="tensor-parallel degree (default: the samples header's)"),
+    tp: int = int_option(None, "--tp", lo=1, hi=MAX_TP, help="tensor-parallel degree (default: the samples header's)"),
     out: Path = typer.Option(..., "--out", help="profile JSON to write (configs/profiles/NAME.json)"),
-    holdout_every: int = typer.Option(4, "--holdout-every", min=2, help="hold out every k-th sample of each kind"),
+    holdout_every: int = int_option(4, "--holdout-every", lo=2, hi=MAX_HOLDOUT_EVERY, help="hold out every k-th sample of each kind"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fit prefill and decode coefficients (NNLS on relative error); report train and held-out MAPE."""
-    from models.config import ConfigError, lookup_model_and_hardware
+    from models.config import ConfigError, load_hardware, load_llms
     from models.fit import fit_profile, read_samples
     from runtime.jsonout import print_json
 
+    _check_out(out)
     header, rows = read_samples(samples)
-    model = model or header.get("model")
-    hardware = hardware or header.get("hardware")
+    _check_header(samples, header)
+    llms, gpus = load_llms().models, load_hardware().gpus
+    model = _pick("model", model, header, samples, "configs/llms.yaml", llms)
+    hardware = _pick("hardware", hardware, header, samples, "configs/hardware.yaml", gpus)
+    llm, gpu = llms[model], gpus[hardware]
     tp = tp or int(header.get("tp", 1))
-    llm, gpu = lookup_model_and_hardware(model, hardware)
     for kind in ("prefill", "decode"):
         if not any(s.kind == kind for s in rows):
             raise ConfigError(samples, "kind", f"no {kind} samples", "both prefill and decode samples")
@@ -38,7 +98,7 @@ def fit(
     machine = header.get("machine", "")
     if header.get("date"):
         machine = f"{machine} (profiled {header['date']})" if machine else f"profiled {header['date']}"
-    report = fit_profile(rows, llm, gpu, tp, name=name, hardware=hardware, model=model, machine=machine, holdout_every=holdout_every)
+    report = fit_profile(rows, llm, gpu, tp, name=name, hardware=hardware, model=model, machine=machine, holdout_every=holdout_every, source=samples)
     prof = report.profile
     data = prof.to_json()
     notes = [prof.notes, f"samples {samples.name}"]
@@ -51,8 +111,11 @@ def fit(
     data["notes"] = "; ".join(notes)
     if header.get("engine"):
         data["fit"]["engine"] = header["engine"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    except OSError as exc:
+        raise ConfigError("pearl fit", "--out", str(out), f"a writable file path ({exc.strerror or exc})") from None
 
     result = {
         "profile": str(out),
