@@ -409,6 +409,8 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
     engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
     engine["prefix_caching"] = True
     engine["load"] = "pd" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
+    if settings.clock == "served":  # engines and requests as the runtime's (runtime/profiling_served.py)
+        engine["requests"] = "runtime: sampled at temperature 1 with log-probabilities, streamed"
     return {
         "model_dir": str(settings.model_dir),
         "model": model,

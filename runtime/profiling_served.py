@@ -20,6 +20,11 @@ loads that KV and decodes. Prefill samples are engine 0's steps (their KV store 
 decode samples engine 1's, and "handoff" samples engine 1's first step (scheduled -> first
 token: the load plus the tokens beyond the last full block), checked to have loaded KV.
 
+Engines are built and requests sent as the runtime's rollout workers do (`runtime.ray_runtime.
+vllm_args`: engine arguments, worker extension, stat logger; sampled tokens with their
+log-probabilities, streamed one by one), only with a fixed length (ignore_eos): these cost
+~1.5x the greedy, unstreamed requests of a bare engine on this machine, and a rollout pays them.
+
 Same grid and same samples as the in-process profiler; only the measurement differs:
   - the n requests of a point are submitted while the scheduler is paused
     (`pause_generation(mode="keep", clear_cache=False)`, which keeps the warmed prefixes)
@@ -44,6 +49,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from runtime.profiling import EngineSettings, GridPoint, _Run
+
+RUNTIME_TEMPERATURE = 1.0  # models.config.RuntimeSpec.temperature's default: how rollouts sample
 
 
 @dataclass
@@ -72,17 +79,20 @@ class ServedProfiler:
         self._vocab = int(self._engines[0].model_config.get_vocab_size())
 
     async def _make(self, role: str) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
+        """An engine built as the runtime builds its workers' (`vllm_args.engine_args`: worker
+        extension, KV connector, scheduling, stat logger), with the profile's own settings on top."""
+        import dataclasses
+
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = self.settings.engine_kwargs()
-        if role != "colocated":
-            from runtime.ray_runtime import vllm_args
+        from runtime.ray_runtime import vllm_args
 
-            deployed = vllm_args.EngineSettings(model=self.settings.model_dir, max_model_len=self.settings.max_model_len, block_size=self.settings.block_size, kv_store=self._store)
-            kwargs["kv_transfer_config"] = vllm_args.kv_transfer_config(deployed, role)  # type: ignore[arg-type]
-            kwargs.update(vllm_args.scheduling_args(deployed, role))  # type: ignore[arg-type]
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        s = self.settings
+        deployed = vllm_args.EngineSettings(model=s.model_dir, dtype=s.dtype, max_model_len=s.max_model_len, block_size=s.block_size, enforce_eager=s.enforce_eager, kv_store=self._store, seed=s.seed)
+        args = vllm_args.engine_args(deployed, role)  # type: ignore[arg-type]
+        args = dataclasses.replace(args, load_format=s.load_format, tensor_parallel_size=s.tp,
+                                   max_num_batched_tokens=vllm_args.scheduling_args(deployed, role).get("max_num_batched_tokens", s.max_num_batched_tokens))  # type: ignore[arg-type]
+        return AsyncLLM.from_engine_args(args, stat_loggers=[vllm_args.kv_transfer_logger({"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0})])
 
     def close(self) -> None:
         for engine in self._engines:
@@ -100,13 +110,20 @@ class ServedProfiler:
         return self._rng.integers(16, self._vocab, size=n).tolist()
 
     async def _one(self, engine: Any, prompt: list[int], max_tokens: int) -> Any:
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        """One request as the runtime sends it (`vllm_args.sampling_params`: sampled, with
+        log-probabilities, streamed), at a fixed length; its last output carries the engine's
+        timestamps and cache hits."""
+        from vllm import TokensPrompt
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-        last = None
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{next(self._ids)}"):
-            last = out
+        from runtime.ray_runtime.vllm_args import sampling_params
+
+        rid = next(self._ids)
+        params = sampling_params(max_tokens, RUNTIME_TEMPERATURE, rid, "full", "ExampleConnector", ignore_eos=True)
+        last, cached = None, 0
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{rid}"):
+            last, cached = out, out.num_cached_tokens or cached
+        if last is not None:
+            last.num_cached_tokens = cached
         return last
 
     async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Any]]:

@@ -22,9 +22,12 @@ from models.step_latency import StepLatencyModel, load_profile
 RTOL = 1e-6  # the per-turn fixed point is iterated, not solved in closed form
 # Disaggregated batches add the prefill queue, priced from each turn's unqueued cycle so that it
 # depends on N_P alone: where the decode side is saturated a longer tool wait or a longer turn
-# lengthens that cycle and lowers the queue's utilisation while the path hardly moves. Measured:
-# at most ~1e-4 of the completion in the generated cases.
-QUEUE_RTOL = 1e-3
+# lengthens that cycle and lowers the queue's utilisation while the path hardly moves; and in a
+# constant workload (lockstep) a request whose own prefill outgrows one engine step (prefix
+# reuse lost) stops queueing behind the others' while its path grows by less. Both are
+# approximations of the queue, not of the paths: measured at most 0.11% of the completion in
+# the generated cases (the planner's choices differ by more than that where they differ).
+QUEUE_RTOL = 5e-3
 N = np.arange(1, 65)
 
 

@@ -137,3 +137,36 @@ def test_slots_keep_fixed_bindings_and_distinct_nixl_ports():
     assert len(set(ports)) == len(ports) and min(b - a for a, b in zip(ports, ports[1:])) >= 8  # room for TP ranks
     cpu_env = slot_env(cpu[1], "cpu")
     assert cpu_env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "CUDA_VISIBLE_DEVICES" not in cpu_env
+
+
+def test_a_load_change_reaches_the_environment():
+    """`runtime.load_changes` that change the workload's tool wait or token sizes re-arm the
+    environment actor: episodes reset afterwards draw from the new distributions (validate_predictor
+    walks its grid of tool latencies this way)."""
+    from types import SimpleNamespace
+
+    from models.config import Distribution, LoadChangeSpec, load_experiment
+    from runtime.ray_runtime.env_worker import EnvWorker
+    from runtime.ray_runtime.scenarios import apply_load_change
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-cpu-tiny.yaml")
+    w = spec.workload
+    env = EnvWorker(None, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn)
+    calls: list[tuple] = []
+    remote = SimpleNamespace(set_workload=SimpleNamespace(remote=lambda *a: calls.append(a) or asyncio.run(env.set_workload(*a))))
+    change = LoadChangeSpec(at_step=2, workload={"env_latency_s": {"kind": "constant", "mean": 0.01}, "initial_prompt_tokens": {"kind": "constant", "mean": 7}})
+    logged: list[str] = []
+    ctl = SimpleNamespace(rt=SimpleNamespace(load_changes=[change]), spec=spec, tracker=SimpleNamespace(spec=spec), env=remote,
+                          metrics=SimpleNamespace(write=lambda *a, **k: None), log=logged.append, batch_size=0, response_tokens=0)
+    assert not apply_load_change(ctl, 1) and not calls
+    assert apply_load_change(ctl, 2) and len(calls) == 1
+    assert ctl.spec.workload.env_latency_s == Distribution(kind="constant", mean=0.01) and ctl.batch_size == w.trajectories_per_batch
+
+    async def episode() -> tuple[int, float]:
+        prompt = await env.reset("t", 1)
+        t0 = asyncio.get_running_loop().time()
+        await env.step("t", [5, 6])
+        return len(prompt), asyncio.get_running_loop().time() - t0
+
+    n, waited = asyncio.run(episode())
+    assert n == 7 and waited < 0.2  # the old distributions: 96 prompt tokens, 0.3 s per tool call

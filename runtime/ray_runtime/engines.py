@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, kv_transfer_logger
+from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, kv_transfer_logger, sampling_params
+from runtime.ray_runtime.weight_sync import EMULATED_WEIGHTS
 
 Role = Literal["colocated", "prefill", "decode"]
 Phase = Literal["full", "prefill", "decode"]
@@ -98,30 +99,12 @@ class VLLMEngine:
         except Exception as exc:  # vLLM raises many types; the caller needs one clear line
             raise EngineStartError(f"vLLM engine ({self.role}, model {self.settings.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
         start_s = time.perf_counter() - t0
-        if self._blob is not None:
+        if self._blob is not None and self._blob != EMULATED_WEIGHTS:
             await self._engine.collective_rpc("pearl_load_weights", args=(self._blob,))
         return {"start_s": start_s, "pid": os.getpid(), "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")}
 
     def _sampling(self, req: GenRequest) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        extra: dict[str, Any] | None = None
-        max_tokens = req.max_tokens
-        if req.phase == "prefill":
-            max_tokens = 1
-            if self.settings.kv_connector == "NixlConnector":
-                extra = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
-        elif req.phase == "decode" and req.kv_params:
-            extra = {"kv_transfer_params": dict(req.kv_params)}
-        return SamplingParams(
-            temperature=req.temperature,
-            max_tokens=max_tokens,
-            seed=req.seed,
-            logprobs=0,
-            output_kind=RequestOutputKind.DELTA,
-            extra_args=extra,
-        )
+        return sampling_params(req.max_tokens, req.temperature, req.seed, req.phase, self.settings.kv_connector, req.kv_params)
 
     async def generate(self, req: GenRequest) -> GenResult:
         from vllm import TokensPrompt
@@ -159,6 +142,9 @@ class VLLMEngine:
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
         """pause -> reload -> resume; in-flight requests survive (see _pause_mode)."""
         t0 = time.perf_counter()
+        if blob == EMULATED_WEIGHTS:  # an emulated trainer: keep these weights, count the version
+            self.weight_version, self._blob = version, blob
+            return {"pause_s": 0.0, "total_s": 0.0}
         try:
             await self._engine.pause_generation(mode=self._pause_mode(), clear_cache=True)
             t1 = time.perf_counter()

@@ -106,13 +106,15 @@ class EnvWorker:
         text = self.tok.decode(response_ids) if self.tok is not None else ""
         if self.tok is None:
             ep.tool_calls += int(sum(response_ids) % 3 == 0)
+        # every turn waits on the environment, the last one too: its reward is the check
+        # (a SWE task's tests run), as the simulator and the predictor count it
+        delay = float(self.latency.sample(self.rng))
+        await asyncio.sleep(delay / self.scale)
+        ep.env_s += delay
         if ep.turn >= ep.turns:
             reward = score(ep.answer, text, ep.tool_calls) if self.tok is not None else float(np.mean([t % 2 for t in response_ids] or [0.0]))
             del self.episodes[traj_id]
             return [], True, reward
-        delay = float(self.latency.sample(self.rng))
-        await asyncio.sleep(delay / self.scale)
-        ep.env_s += delay
         if self.tok is None:
             return self._synthetic(self.obs_tokens), False, 0.0
         value = evaluate_call(text)
@@ -123,6 +125,11 @@ class EnvWorker:
             obs = "tool error: no call found. usage: calc(12 * 7)"
         close = list(self.tok.encode("<|im_end|>\n", add_special_tokens=False))
         return close + self._ids("tool", obs), False, 0.0
+
+    async def set_workload(self, turns: Any, env_latency_s: Any, prompt_tokens: Any, obs_tokens: Any) -> None:
+        """A load change: episodes reset from now on draw from these distributions."""
+        self.turns, self.latency = turns, env_latency_s
+        self.prompt_tokens, self.obs_tokens = prompt_tokens, obs_tokens
 
     async def forget(self, traj_id: str) -> None:
         self.episodes.pop(traj_id, None)

@@ -263,7 +263,7 @@ class RolloutDriver:
             step=b, trajectories=len(trajs), mean_turns=float(np.mean(turns)) if turns else 0.0,
             mean_initial_tokens=float(np.mean([t.prompt_len for t in trajs])) if trajs else 0.0,
             mean_new_tokens=float(np.mean(new)) if new else 0.0,
-            mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(max(t.turns - 1, 0) for t in trajs), 1)),
+            mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(t.turns for t in trajs), 1)),
             generated_tokens=int(gen), rollout_s=seconds * self.scale, predicted_s=self.predicted_s, mode=self.mode, ratio=self.ratio,
             fitted_on_steps=self.predicted_from,
         )

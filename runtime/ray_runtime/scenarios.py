@@ -29,6 +29,7 @@ def apply_load_change(ctl: Any, b: int) -> bool:
             ctl.spec = ctl.spec.model_copy(update={"workload": w})
             ctl.tracker.spec = ctl.tracker.spec.model_copy(update={"workload": w})
             ctl.batch_size = w.trajectories_per_batch
+            ctl.env.set_workload.remote(w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn)
             ctl.response_tokens = int(round(w.response_tokens_per_turn.expected()))
             ctl.metrics.write("load_change", step=b, workload=ch.workload)
             ctl.log(f"load change at step {b}: {ch.workload}")

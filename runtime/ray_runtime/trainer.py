@@ -186,7 +186,9 @@ class Trainer:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
 
     def weights(self) -> bytes:
-        return state_blob(self.model) if self.model is not None else b"emulated"
+        from runtime.ray_runtime.weight_sync import EMULATED_WEIGHTS
+
+        return state_blob(self.model) if self.model is not None else EMULATED_WEIGHTS
 
     def train_step(self, samples: list[TrainSample], rollout_version: int) -> tuple[dict[str, float], bytes]:
         """One update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""

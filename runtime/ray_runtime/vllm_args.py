@@ -55,6 +55,25 @@ def engine_args(settings: EngineSettings, role: Role) -> Any:
     )
 
 
+def sampling_params(max_tokens: int, temperature: float, seed: int | None, phase: str, kv_connector: str, kv_params: dict[str, Any] | None = None, ignore_eos: bool = False) -> Any:
+    """The `SamplingParams` of one runtime request: sampled at the run's temperature with the
+    behaviour policy's log-probabilities, streamed token by token (an interrupted turn keeps what
+    it generated). A P/D prefill generates one token; NixlConnector is told which side it is.
+    The served profiler times steps with these too (ignore_eos, for fixed lengths): what a
+    rollout costs per token depends on them."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    extra: dict[str, Any] | None = None
+    if phase == "prefill":
+        max_tokens = 1
+        if kv_connector == "NixlConnector":
+            extra = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    elif phase == "decode" and kv_params:
+        extra = {"kv_transfer_params": dict(kv_params)}
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=0, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA, extra_args=extra)
+
+
 def kv_transfer_config(settings: EngineSettings, role: Role) -> Any:
     """None for colocated; a producer / consumer config for the disaggregated roles.
 

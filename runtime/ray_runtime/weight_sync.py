@@ -16,7 +16,9 @@ reload does not).
 
 from __future__ import annotations
 
-import safetensors.torch
+# What an emulated trainer hands out for weights: it trains nothing, so real engines keep their
+# own weights and only count the version (validate_predictor times batches this way).
+EMULATED_WEIGHTS = b"emulated"
 
 
 class WeightSyncExtension:
@@ -25,6 +27,8 @@ class WeightSyncExtension:
 
     def pearl_load_weights(self, blob: bytes) -> int:
         """Load a full state dict given as safetensors bytes; return the tensor count."""
+        import safetensors.torch  # here, so that importing this module's constants stays light
+
         state = safetensors.torch.load(bytes(blob))
         self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)  # type: ignore[operator]
         return len(state)
