@@ -4,9 +4,8 @@ Each mode is one `pearl train` run of the Ray runtime (`Controller`) on real vll
 engines with the tiny model, on this machine's two cores: its agent loop, router, engine
 actors and environment actor are what the batches run through, nothing of this script's own.
 
-  colocated      policy `roll`: colocated engines on the two rollout slots (one per core),
-                 as many as the planner starts (it weighs a second engine's start cost
-                 against what it saves)
+  colocated      policy `roll`: colocated engines on the two rollout slots (one per core;
+                 engine starts are priced at 0 so that the planner serves with both)
   disaggregated  policy `rlboost+pd`: 1 prefill + 1 decode engine with the runtime's KV
                  connector (ExampleConnector)
 Each point is predicted for the layout the runtime reports it ran (colocated(n) or
@@ -70,7 +69,12 @@ def run_spec(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], r
     changes = [LoadChangeSpec(at_step=1 + i * repeats, workload=point_workload(spec, b, e)) for i, (b, e) in enumerate(points)]
     runtime = spec.runtime.model_copy(update={"backend": "vllm", "task": "synthetic", "trainer_backend": "emulated", "steps": 1 + len(points) * repeats, "refit": False,
                                               "metrics_path": str(metrics), "load_changes": changes, "elastic_events": [], "faults": []})
-    return spec.model_copy(update={"workload": first, "runtime": runtime, "policy": PolicySpec(name=POLICY[mode]), "training": spec.training.model_copy(update={"staleness": 0})})
+    # Engine starts are free here: the planner then serves with the layout it predicts fastest
+    # (both rollout slots), the deployment the profiles were measured for, instead of weighing
+    # a second engine's start against a few short batches.
+    costs = spec.transition_costs.model_copy(update={"engine_start_s": 0.0, "role_switch_s": 0.0})
+    return spec.model_copy(update={"workload": first, "runtime": runtime, "policy": PolicySpec(name=POLICY[mode]), "training": spec.training.model_copy(update={"staleness": 0}),
+                                   "transition_costs": costs})
 
 
 def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, log: Any) -> list[dict[str, Any]]:
