@@ -170,3 +170,29 @@ def test_a_load_change_reaches_the_environment():
 
     n, waited = asyncio.run(episode())
     assert n == 7 and waited < 0.2  # the old distributions: 96 prompt tokens, 0.3 s per tool call
+
+
+def test_a_drained_slot_switched_to_its_own_role_serves_again():
+    """A plan may drain a worker and then re-role it to the role it already has (the plan was
+    made while it held another): the slot must take requests again, not abort every one (which
+    sent the trajectories of a real-engine run into an endless resume loop)."""
+    from models.builder import build_models
+    from models.config import load_experiment
+    from runtime.ray_runtime.engines import GenRequest
+    from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-emulated-32.yaml")
+    step = build_models(spec).predictor.colocated_engine
+    w = RolloutWorker("emulated", None, EmulatedSettings(step, time_scale=1e6))
+
+    async def run() -> tuple[str | None, str | None]:
+        assert (await w.start_slot(0, "colocated"))["ok"]
+        await w.drain(0)
+        drained = await w.generate(0, GenRequest("a", (5, 6, 7), 4, "full", 1.0))
+        assert (await w.switch_role(0, "colocated"))["seconds"] == 0.0  # no restart
+        served = await w.generate(0, GenRequest("b", (5, 6, 7), 4, "full", 1.0))
+        await w.shutdown()
+        return drained.finish_reason, served.finish_reason if served.token_ids else None
+
+    drained, served = asyncio.run(run())
+    assert drained == "abort" and served is not None and served != "abort"

@@ -104,7 +104,8 @@ class RolloutWorker:
         """Same slot, same binding, new role. vLLM fixes the KV connector at start, so the engine restarts."""
         t0 = time.perf_counter()
         old = self.engines.get(slot)
-        if old is not None and old.role == role:
+        if old is not None and old.role == role:  # already in that role (a drained one serves again)
+            self.draining.discard(slot)
             return {"ok": True, "slot": slot, "role": role, "seconds": 0.0}
         await self.stop_slot(slot)
         if self.backend == "emulated" and self.emulated is not None:
