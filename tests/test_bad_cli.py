@@ -17,15 +17,9 @@ same `PearlGroup.main` the `pearl` script runs; one test checks the script and
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +27,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
+from cli_cases import Outcome, invoke, one_error, strict_loads
 from conftest import REPO_ROOT, pearl_executable
-from runtime.cli import app
 
 CORPUS = Path(__file__).resolve().parent / "data" / "bad" / "traces"
 DEFAULT = str(REPO_ROOT / "configs/experiments/default.yaml")
@@ -45,61 +38,15 @@ EVENTS_TRACE = REPO_ROOT / "data/traces/bamboo/events/g4dn-trace.csv"
 SKY_TRACE = REPO_ROOT / "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json"
 CASE_SECONDS = 15  # a refused input answers in ~0.1 s, a 3-minute plan in ~0.2 s; a hang or a runaway allocation takes far longer
 BEFORE_WORK_SECONDS = 5  # the runs refused for an output path would take 10-60 s if they computed first
-LINE = re.compile(r"^pearl: error: (?P<place>.+?): field '(?P<field>[^']+)': got (?P<value>.+); allowed: (?P<allowed>.+)$")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: int
-    stdout: str
-    stderr: str
-    exception: BaseException | None
-    seconds: float
-
-
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Raise TimeoutError in this (main) thread after `seconds`: a hang becomes a failure."""
-
-    def _expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, _expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def pearl(*args: str) -> Outcome:
-    t0 = time.perf_counter()
-    with deadline(CASE_SECONDS):
-        res = CliRunner().invoke(app, list(args))
-    return Outcome(res.exit_code, res.stdout, res.stderr, res.exception, time.perf_counter() - t0)
-
-
-def one_error(out: Outcome) -> re.Match[str]:
-    """Exit 2, nothing on stdout, exactly one well-formed `pearl: error:` line, no traceback or box."""
-    assert not isinstance(out.exception, Exception), f"uncaught {out.exception!r}"  # SystemExit is no Exception
-    assert out.exit_code == 2, (out.exit_code, out.stdout[-500:], out.stderr[-1500:])
-    assert "Traceback" not in out.stdout + out.stderr and "Usage:" not in out.stderr and "╭" not in out.stderr
-    assert out.stdout == ""
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, out.stderr
-    m = LINE.match(lines[0])
-    assert m, lines[0]
-    return m
-
-
-def _reject_constant(token: str) -> None:
-    raise ValueError(f"non-standard JSON constant {token}")
+    return invoke(list(args), CASE_SECONDS)
 
 
 def strict_json(out: Outcome) -> dict[str, Any]:
     assert out.exit_code == 0 and out.exception is None, (out.exit_code, out.exception, out.stderr[-1500:])
-    obj = json.loads(out.stdout, parse_constant=_reject_constant)
+    obj = strict_loads(out.stdout)
     assert isinstance(obj, dict)
     return obj
 
@@ -269,17 +216,17 @@ def test_simulate_compare_plan_json_say_when_the_pool_runs_dry(config_tree: Path
     cfg.write_text(f"name: dry\nmodel: qwen3-8b\nworkload: paper-8b-calibrated\ncluster: elastic-only\nprofile: h800-qwen3-8b\n"
                    f"trace: {{path: {trace}, format: bamboo-count, gpus_per_instance: 2}}\nseed: 0\n")
     sim = pearl("simulate", "--config", str(cfg), "--hours", "0.05", "--json")
-    doc = json.loads(sim.stdout, parse_constant=_reject_constant)
+    doc = strict_loads(sim.stdout)
     assert doc["feasible"] is False and "no feasible rollout configuration" in doc["failure"]
     cmp_ = pearl("compare", "--config", str(cfg), "--policies", "pearl,roll", "--hours", "0.05", "--json")
-    pols = json.loads(cmp_.stdout, parse_constant=_reject_constant)["policies"]
+    pols = strict_loads(cmp_.stdout)["policies"]
     assert all(p["feasible"] is False and p["failure"] for p in pols.values())
     # plan cannot skip an event it has no layout for: one error naming the config and the cluster
     m = one_error(pearl("plan", "--config", str(cfg), "--hours", "0.05", "--out", str(tmp_path / "p.json"), "--json"))
     assert m["place"] == str(cfg) and m["field"] == "cluster" and not (tmp_path / "p.json").exists()
     ok = strict_json(pearl("plan", "--config", DEFAULT, "--hours", "0.05", "--out", str(tmp_path / "ok.json"), "--json"))
     assert ok["feasible"] is True and ok["reason"] is None
-    json.loads((tmp_path / "ok.json").read_text(), parse_constant=_reject_constant)
+    strict_loads((tmp_path / "ok.json").read_text())
 
 
 # ----------------------------------------------------------------------------- property: mutated traces
@@ -359,7 +306,7 @@ def check_mutated(tmp_path: Path, name: str, mutation: Mutation) -> None:
     out = pearl("plan", "--config", DEFAULT, "--trace", str(trace), "--hours", "0.05", "--out", str(tmp_path / "plan.json"), "--json")
     if out.exit_code == 0 and not must_fail:
         assert strict_json(out)["decisions"] >= 1
-        json.loads((tmp_path / "plan.json").read_text(), parse_constant=_reject_constant)
+        strict_loads((tmp_path / "plan.json").read_text())
     else:
         m = one_error(out)
         assert m["place"] == str(trace), m.group(0)

@@ -16,14 +16,9 @@ Each case runs under a wall-clock alarm, so a hang fails the test instead of sta
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
-import signal
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +26,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from runtime.cli import app
+from cli_cases import Outcome, invoke, one_error, strict_loads
 from conftest import CONFIGS
 
 CORPUS = Path(__file__).resolve().parent / "data" / "bad" / "config"
@@ -41,63 +35,17 @@ CASE_SECONDS = 10  # one predict on the tiny config takes ~0.05 s; a hang or a r
 BASE_EXPERIMENT = {"name": "case", "model": "tiny", "workload": "cpu-tiny", "cluster": "cpu-2", "profile": "cpu-tiny"}
 
 
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: int
-    stdout: str
-    stderr: str
-    exception: BaseException | None
-
-
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Raise TimeoutError in this (main) thread after `seconds`: a hang becomes a failure.
-
-    pytest-timeout (`make test` runs it) may own SIGALRM too: its handler and the rest of its
-    timer are put back afterwards."""
-
-    def _expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    old_handler = signal.signal(signal.SIGALRM, _expire)
-    started = time.monotonic()
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        if old_delay > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 1e-3), old_interval)
-
-
 def predict(config: Path) -> Outcome:
-    with deadline(CASE_SECONDS):
-        res = CliRunner().invoke(app, ["predict", "--config", str(config), "--json"])
-    return Outcome(res.exit_code, res.stdout, res.stderr, res.exception)
+    return invoke(["predict", "--config", str(config), "--json"], CASE_SECONDS)
 
 
 def assert_one_error(out: Outcome, file: Path, field: str | None) -> str:
-    """Exit 2, nothing on stdout, exactly one `pearl: error:` line naming `file` (and `field`), no traceback."""
-    assert not isinstance(out.exception, Exception), f"uncaught {out.exception!r}"
-    assert out.exit_code == 2, (out.exit_code, out.stdout, out.stderr)
-    assert "Traceback" not in out.stdout + out.stderr
-    assert out.stdout == ""
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("pearl: error: "), out.stderr
-    assert file.name in lines[0], (file.name, lines[0])
+    """One clear error (cli_cases.one_error) naming `file` (and `field`)."""
+    line = one_error(out).string
+    assert file.name in line, (file.name, line)
     if field is not None:
-        assert f"field '{field}'" in lines[0], (field, lines[0])
-    return lines[0]
-
-
-def strict_json(text: str) -> Any:
-    """json.loads that refuses Infinity and NaN (what standard parsers do)."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    return json.loads(text, parse_constant=refuse)
+        assert f"field '{field}'" in line, (field, line)
+    return line
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -256,7 +204,7 @@ def valid_tree() -> Iterator[Path]:
             (tree / rel).write_text(yaml.safe_dump(data, sort_keys=False))
         out = predict(tree / "experiments/full.yaml")
         assert out.exit_code == 0 and out.exception is None, out.stderr
-        strict_json(out.stdout)
+        strict_loads(out.stdout)
         yield tree
 
 
@@ -281,7 +229,7 @@ def test_one_bad_field_gives_one_error_or_a_clean_result(valid_tree: Path, case:
     assert not isinstance(out.exception, Exception), f"uncaught {out.exception!r} for {rel}:{path} = {value!r} ({kind})"
     if out.exit_code == 0:
         assert kind not in ("non-finite", "binary", "directory", "duplicate"), (rel, path, kind, value)
-        strict_json(out.stdout)
+        strict_loads(out.stdout)
         return
     assert_one_error(out, file, None)
 

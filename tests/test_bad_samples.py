@@ -12,20 +12,17 @@ import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner, Result
 
 from models.config import load_hardware, load_llms
 from models.fit import StepSample, write_samples
 from models.step_latency import StepLatencyModel, StepShape, load_profile
-from runtime.cli import app
+from cli_cases import Outcome, invoke, one_error, strict_loads
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "data" / "bad" / "samples"
@@ -97,37 +94,25 @@ EXPECTED = {
 }
 
 
-def pearl_fit(samples: Path | str, out: Path, *flags: str) -> tuple[Result, float]:
-    start = time.monotonic()
-    res = CliRunner().invoke(app, ["fit", "--samples", str(samples), "--out", str(out), *flags])
-    return res, time.monotonic() - start
+def pearl_fit(samples: Path | str, out: Path, *flags: str) -> tuple[Outcome, float]:
+    res = invoke(["fit", "--samples", str(samples), "--out", str(out), *flags], 2 * TIME_BOUND_S)
+    return res, res.seconds
 
 
-def one_error_line(res: Result) -> str:
-    """Exit 2, no exception but the exit, and exactly one `pearl: error:` line."""
-    assert "Traceback" not in res.output, res.output
-    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.exit_code, repr(res.exception), res.output)
-    lines = [line for line in res.output.splitlines() if line.startswith("pearl: error:")]
-    assert len(lines) == 1, res.output
-    return lines[0]
+def one_error_line(res: Outcome) -> str:
+    """One clear error (cli_cases.one_error): exit 2, exactly one `pearl: error:` line."""
+    return one_error(res).string
 
 
-def _strict(text: str) -> Any:
-    def reject(name: str) -> None:
-        raise AssertionError(f"non-strict JSON constant {name}")
-
-    return json.loads(text, parse_constant=reject)
-
-
-def assert_finite_fit(res: Result, out: Path) -> None:
+def assert_finite_fit(res: Outcome, out: Path) -> None:
     """Exit 0 with strict JSON whose reported errors and coefficients are finite numbers."""
-    assert res.exit_code == 0 and res.exception is None, (res.exit_code, repr(res.exception), res.output)
-    report = _strict(res.stdout)
+    assert res.exit_code == 0 and res.exception is None, (res.exit_code, repr(res.exception), res.stderr)
+    report = strict_loads(res.stdout)
     for key in ("train_mape_pct", "holdout_mape_pct"):
         assert report[key] and all(isinstance(v, (int, float)) and math.isfinite(v) for v in report[key].values()), report[key]
     assert all(math.isfinite(v) for c in report["coefficients"].values() for v in c.values())
     assert all(n >= 1 for n in report["n_holdout"].values())
-    assert _strict(out.read_text())["label"] == "measured"
+    assert strict_loads(out.read_text())["label"] == "measured"
 
 
 def test_corpus_is_listed() -> None:
