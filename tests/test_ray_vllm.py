@@ -5,8 +5,9 @@ reserved, one elastic) so engines are started once for the whole module:
   steps 0-1  GRPO training with the planner in the loop;
   step 2     policy switches to forced disaggregation -> prefill/decode engines with the
              ExampleConnector; a probe checks the KV really travels P -> D;
-  step 3     back to pearl -> two colocated engines; one is killed (ray.kill) with requests
-             in flight: they finish on the other one, and the slot gets a new worker;
+  step 3     back to pearl -> two colocated engines; the busy one is killed (ray.kill) with
+             requests in flight while the other serves or starts: they finish on the other
+             one (or on the restart), and the slot gets a new worker;
   steps 4-5  the elastic slot leaves 1 s into batch 4 and comes back at batch 5.
 """
 
@@ -34,14 +35,18 @@ def scenario(tmp_path_factory):
     async def killer(ctl) -> None:
         import ray
 
-        while ctl.current_batch < 3:  # batch 3 runs two colocated engines: survivors take over
+        # Batch 3 is planned as two colocated engines. Engine starts (40-50 s here) outlast a
+        # batch (3-7 s), so whichever engine serves first carries the whole batch while the
+        # other may still be starting: kill a busy engine as soon as another slot serves or is
+        # on its way to (a survivor that takes its requests over), not only when both serve.
+        while ctl.current_batch < 3:
             await asyncio.sleep(0.1)
         while True:
-            active = [r for r in ctl.rec.values() if r.status == "active" and r.actor is not None]
-            busy = [r for r in active if r.load > 0]
-            if len(active) >= 2 and busy:
+            serving = [r for r in ctl.rec.values() if r.actor is not None and r.status in ("active", "starting", "switching")]
+            busy = [r for r in serving if r.status == "active" and r.load > 0]
+            if len(serving) >= 2 and busy:
                 victim = max(busy, key=lambda r: r.load)
-                killed["worker"] = (victim.worker_id, victim.load, [r.worker_id for r in active if r is not victim])
+                killed["worker"] = (victim.worker_id, victim.load, [(r.worker_id, r.status) for r in serving if r is not victim])
                 ray.kill(victim.actor)
                 return
             await asyncio.sleep(0.05)
