@@ -125,7 +125,9 @@ class PlanRunner:
             elif a.kind == "switch_role":
                 t0 = time.monotonic()
                 await self._drain(r)
-                r.status = "switching"
+                # the planner sees a worker by the role it is becoming (the executor's contract:
+                # an action under way is the runtime's state), else the next decision switches it again
+                r.status, r.role = "switching", a.role
                 info = await r.actor.switch_role.remote(r.slot_no, a.role)
                 if not info.get("ok"):
                     r.status = "down"
@@ -162,6 +164,8 @@ class PlanRunner:
 
         if self.fatal is not None:
             return False
+        # from here on the planner sees the worker it is becoming (see switch_role), backoff included
+        r.role, r.status = role, "starting"
         if r.failures:  # a restart after a death: back off, doubling per death (a crash loop slows, then stops)
             delay = min(self.rt.restart_backoff_s * 2 ** (r.failures - 1), 60.0)
             self.metrics.write("restart_backoff", worker=r.worker_id, failures=r.failures, seconds=delay)

@@ -74,7 +74,8 @@ class SlotTable:
         for g in self.base.gpus:
             r = self.rec[g.id]
             gpus.append(replace(g, available=g.id not in gone, borrowed=g.id in lent and g.pool == "training"))
-            if r.status in SERVING_STATES and r.role is not None and r.gpus and not set(r.gpus) & gone and g.id not in self.dead:
+            # a dead slot being restarted is the worker it is becoming (else the next decision starts it again)
+            if r.status in SERVING_STATES and r.role is not None and r.gpus and not set(r.gpus) & gone and (g.id not in self.dead or r.status == "starting"):
                 if g.pool == "training" and g.id not in lent:
                     continue
                 workers.append(Worker(r.worker_id, r.role, r.gpus, len(r.gpus), r.version, r.status == "draining"))  # type: ignore[arg-type]
