@@ -50,4 +50,26 @@ def test_prediction_record_reports_error_and_basis() -> None:
     """The summary row of a step (that it is out of sample is checked on a run: test_ray_emulated)."""
     t = _tracker()
     rec = _step(t, 2.0, 2.5, step=3).prediction()
-    assert rec == {"step": 3, "predicted_s": 2.0, "measured_s": 2.5, "error_pct": -20.0, "fitted_on_steps": 3}
+    assert rec == {"step": 3, "predicted_s": 2.0, "measured_s": 2.5, "error_pct": -20.0, "fitted_on_steps": 3, "disrupted": None}
+
+
+def test_a_disrupted_step_leaves_the_engine_speed_alone() -> None:
+    """A batch that waited out an engine restart is not the engines' speed (the scenario's
+    killed worker once made the planner predict 22 s for a 2 s batch); its token counts still
+    refit the workload."""
+    from dataclasses import replace
+
+    from runtime.ray_runtime.telemetry import disruption
+
+    t = _tracker()
+    p0 = _colocated_s(t)
+    t.observe(_step(t, p0, p0 * 2.0, 0))
+    assert t.speed == pytest.approx(2.0)
+    why = disruption(32, True)
+    assert "32 resumed turns" in why and "waited" in why and disruption(0, False) == ""
+    stalled = replace(_step(t, _colocated_s(t), 40.0, 1), disrupted=why, mean_turns=5.0)
+    turns_before = t.spec.workload.turns.expected()
+    t.observe(stalled)
+    assert t.speed == pytest.approx(2.0)
+    assert t.spec.workload.turns.expected() != pytest.approx(turns_before)
+    assert stalled.prediction()["disrupted"] == why

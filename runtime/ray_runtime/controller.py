@@ -98,6 +98,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self._repairing = self._repair_again = False
         self._due: asyncio.Task | None = None
         self.batch_started: dict[int, float] = {}
+        self.starved_batches: set[int] = set()  # batches whose requests waited for a worker of their role
         self.current_batch = -1
         self.trajectories: list = []
         self.trajectories_in_flight: list = []

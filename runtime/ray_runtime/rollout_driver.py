@@ -23,7 +23,7 @@ from runtime.calibration.trajectory_log import TrajectoryRecord
 from runtime.ray_runtime.engines import GenRequest, GenResult
 from runtime.ray_runtime.records import EngineDied, RunFailed, TrajectoryFailed, actor_errors, error_text
 from runtime.ray_runtime.slot_table import SlotRuntime
-from runtime.ray_runtime.telemetry import StepTelemetry
+from runtime.ray_runtime.telemetry import StepTelemetry, disruption
 
 POISON_KILLS = 2  # a request in flight on this many engine deaths of one role never goes to that role again
 REPAIR_AFTER_S = 10.0  # requests waiting this long with nothing on its way ask for a fresh decision
@@ -79,6 +79,7 @@ class RolloutDriver:
                 return self._pick("prefill", t.last.get("prefill")), self._pick("decode", t.last.get("decode"))
             if waited_since is None:
                 waited_since = time.monotonic()
+                self.starved_batches.add(t.batch)  # no worker served its role: a transition, not the layout's speed
             elif time.monotonic() - waited_since > REPAIR_AFTER_S and not self._plans and not self.lock.locked():
                 self._repair("requests waiting with no worker for their role")  # self-healing: nothing is on its way
                 waited_since = time.monotonic()
@@ -265,7 +266,7 @@ class RolloutDriver:
             mean_new_tokens=float(np.mean(new)) if new else 0.0,
             mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(t.turns for t in trajs), 1)),
             generated_tokens=int(gen), rollout_s=seconds * self.scale, predicted_s=self.predicted_s, mode=self.mode, ratio=self.ratio,
-            fitted_on_steps=self.predicted_from,
+            fitted_on_steps=self.predicted_from, disrupted=disruption(sum(t.resumes for t in trajs), b in self.starved_batches),
         )
 
     async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:

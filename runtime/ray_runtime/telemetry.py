@@ -9,7 +9,8 @@ while applying plans) and refits the predictor for the next decision:
   - engine speed: the profile's coefficients are scaled by the speed that would have
     predicted the step exactly (the scale in use x measured / predicted): the first measured
     step replaces the profile's guess, later ones enter an EMA, so a profile measured on
-    another machine or setting converges to this deployment;
+    another machine or setting converges to this deployment; a disrupted step (turns resumed
+    after an engine death, requests waiting through a transition) leaves the speed alone;
   - transition costs: EMAs of measured engine start and role-switch seconds.
 Each step's measured-vs-predicted error is written to the metrics.
 """
@@ -44,6 +45,7 @@ class StepTelemetry:
     mode: str
     ratio: str
     fitted_on_steps: int = 0  # measured steps behind the prediction: all earlier than this one
+    disrupted: str = ""  # why the batch did not run at its layout's speed (resumed turns, no worker of a role); "" if it did
 
     @property
     def error(self) -> float:
@@ -54,7 +56,15 @@ class StepTelemetry:
         """The step's prediction against its measurement, for the run summary."""
         ok = np.isfinite(self.predicted_s) and self.rollout_s > 0
         return {"step": self.step, "predicted_s": round(self.predicted_s, 3) if ok else None, "measured_s": round(self.rollout_s, 3),
-                "error_pct": round(self.error * 100, 2) if ok else None, "fitted_on_steps": self.fitted_on_steps}
+                "error_pct": round(self.error * 100, 2) if ok else None, "fitted_on_steps": self.fitted_on_steps, "disrupted": self.disrupted or None}
+
+
+def disruption(resumed_turns: int, starved: bool) -> str:
+    """Why a batch's time says nothing about its layout's speed: turns resumed after an engine
+    stopped or died under them, or requests that waited while no worker served their role (a
+    transition). The predictor prices neither (transitions are the planner's cost term)."""
+    why = [f"{resumed_turns} resumed turns"] * bool(resumed_turns) + ["requests waited for a worker of their role"] * starved
+    return "; ".join(why)
 
 
 def _with_mean(d: Distribution, mean: float) -> Distribution:
@@ -97,7 +107,9 @@ class RuntimeTracker:
     def observe(self, t: StepTelemetry) -> ExperimentSpec:
         """Record a step and refit; returns the refitted spec (workload + measured transition costs)."""
         self.history.append(t)
-        if t.predicted_s > 0 and t.rollout_s > 0 and np.isfinite(t.predicted_s):
+        # a disrupted batch (a death, a transition) is not the engines' speed: learning from it
+        # once made the planner predict a 2 s batch at 22 s after one killed worker
+        if not t.disrupted and t.predicted_s > 0 and t.rollout_s > 0 and np.isfinite(t.predicted_s):
             exact = float(np.clip(self.speed * t.rollout_s / t.predicted_s, 1e-3, 1e6))
             self.speed = exact if not self.speed_measured else (1 - self.alpha) * self.speed + self.alpha * exact
             self.speed_measured = True
