@@ -25,6 +25,12 @@ and a consumer prompt one token longer than the producer's; neither holds in mul
      loads under align(len): for a prompt of 32k + 1 tokens the two keys differ, so a
      producer that finds an earlier turn's shorter key skips its store and the consumer
      loads a file that does not exist. Here check, store and load use one key.
+  3. A request preempted and resumed (every weight push preempts the running requests:
+     `reload_weights` resets the prefix cache) is matched by its prompt's key but loaded
+     under prompt + the tokens it generated so far, a key nobody stored: the decode engine
+     died on `FileNotFoundError: .../model.layers.0.self_attn.attn.safetensors` (4 deaths in
+     one 12-step P/D learning run, tests/test_learning.py). Its stored KV is from the old
+     weights anyway, so here a resumed request recomputes instead of loading.
 """
 
 from __future__ import annotations
@@ -82,6 +88,8 @@ class PearlExampleConnector(LoadedTokensReport, ExampleConnector):
         return os.path.exists(folder)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if request.num_preemptions or request.num_output_tokens:  # resumed (see 3.): recompute
+            return 0, False
         if not self._found_match_for_request(request):
             return 0, False
         return max(self._key_tokens(list(request.prompt_token_ids or [])) - num_computed_tokens, 0), False
