@@ -437,7 +437,7 @@ class RuntimeSpec(Frozen):
     """`pearl train`: the Ray runtime's engines, trainer and schedules (defaults fit this CPU machine)."""
 
     backend: Literal["vllm", "emulated"] = "vllm"
-    task: Literal["calculator", "synthetic"] = Field("calculator", description="the environment with vllm engines: the calculator tool task, or synthetic token ids drawn from the workload's distributions (what emulated engines always use; validate_predictor measures with it)")
+    task: Literal["calculator", "synthetic"] = Field("calculator", description="the environment with vllm engines: the calculator tool task, or synthetic token ids drawn from the workload's distributions, rewarded by the share of odd token ids in the final response (what emulated engines always use; validate_predictor measures with it; a tiny random model learns it in a few dozen steps)")
     model_path: str = "artifacts/models/tiny"
     steps: Annotated[int, Range(0, MAX_STEPS, open_lo=True)] = 3
     dtype: str = "float32"
@@ -461,6 +461,8 @@ class RuntimeSpec(Frozen):
     max_restarts_per_slot: Annotated[int, Range(0, 100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
     restart_backoff_s: Annotated[float, Range(0, 600)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
     faults: list[FaultSpec] = Field(default_factory=list, description="fault injection for tests: engines that die on matching requests")
+    control: Literal["none", "frozen_engines", "flipped_advantage"] = Field(
+        "none", description="negative controls of the learning tests: frozen_engines pushes the initial weights at every step (engines never learn), flipped_advantage trains against the reward")
 
     @field_validator("trainer_world_size")
     @classmethod

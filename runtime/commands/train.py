@@ -31,6 +31,7 @@ def train(
     address: Optional[str] = typer.Option(None, "--address", help="connect to an existing Ray cluster instead of starting one"),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="JSONL metrics file (default: runtime.metrics_path)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as one JSON object on stdout"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw reward and rollout throughput per step to this image (.png, .svg, .pdf)"),
 ) -> None:
     """Train with the planner in the loop; a progress bar per training step; metrics streamed to JSONL."""
     from models.config import ConfigError, load_experiment
@@ -45,13 +46,15 @@ def train(
     if chosen == "vllm" and not _has_vllm():
         raise ConfigError(*where, chosen, "emulated (vLLM is not installed here)")
     n = steps or spec.runtime.steps
-    from runtime.outputs import check_file
+    from runtime.outputs import check_file, check_plot
 
     # the metrics file opens before Ray and the engines start: a bad path fails here, in one line
     if metrics is not None:
         check_file(Path(metrics), "pearl train", "--metrics")
     else:
         check_file(Path(__file__).resolve().parents[2] / spec.runtime.metrics_path, config, "runtime.metrics_path")
+    if plot is not None:
+        check_plot(Path(plot), "pearl train", "--plot")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -87,6 +90,12 @@ def train(
         print(f"pearl: error: run failed: {exc} (metrics so far: {ctl.metrics.path})", file=sys.stderr)
         raise typer.Exit(1) from None
     console.print(f"metrics: {ctl.metrics.path}")
+    if plot is not None:
+        from runtime.learning_plot import plot_steps
+
+        control = "" if spec.runtime.control == "none" else f", control {spec.runtime.control}"
+        plot_steps(summary.steps_detail, Path(plot), f"pearl train {spec.name}: {chosen} engines, {n} steps{control}")
+        console.print(f"plot: {plot}")
     if as_json:
         print_json(summary.to_json())
     else:

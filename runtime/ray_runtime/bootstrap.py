@@ -73,11 +73,12 @@ class Bootstrap:
         self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
         self.predicted_s = self.timeline_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts
         emulated_train_s = train_step_s(spec, expected_batch_tokens(spec))
+        sign = -1.0 if rt.control == "flipped_advantage" else 1.0
         if self.trainer_backend == "fsdp":  # same interface; the actor spawns its rank processes
-            self.trainer = self._remote(FSDPTrainer).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size)
+            self.trainer = self._remote(FSDPTrainer).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size, advantage_sign=sign)
         else:
             self.trainer = self._remote(Trainer).remote(
-                self.model_path if self.trainer_backend == "torch" else None, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, emulated_train_s, self.scale
+                self.model_path if self.trainer_backend == "torch" else None, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, emulated_train_s, self.scale, sign
             )
         tok = self.model_path if self.backend == "vllm" and rt.task == "calculator" else None
         self.env = self._remote(EnvWorker, max_concurrency=100000).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
@@ -88,7 +89,7 @@ class Bootstrap:
             self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em, self._faults()) for _ in range(rt.hosts)]
             for r in self.rec.values():
                 r.actor = self.hosts[r.slot.index % len(self.hosts)]
-        self.blob_ref = self.trainer.weights.remote()
+        self.blob_ref = self.initial_blob_ref = self.trainer.weights.remote()
         self.metrics.write("setup", backend=self.backend, trainer=self.trainer_backend, slots=[s.__dict__ for s in self.table.slots], kv_store=self.kv_store)
 
     def _faults(self) -> tuple[tuple[str, str], ...]:

@@ -69,6 +69,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.rng = random.Random(spec.seed)  # router draws
         self.version = 0
         self.blob_ref: Any = None
+        self.initial_blob_ref: Any = None  # step 0 weights: what runtime.control frozen_engines keeps pushing
         self.t0 = time.monotonic()
         self.mode, self.ratio, self.wanted_mode = "colocated", "", "colocated"
         self.trainer_phase = "waiting"  # runtime.naming.TRAINER_PHASES
@@ -88,6 +89,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.timeline_s = float("nan")  # what the trainer's timeline assumes (Decision.timeline_s)
         self.predicted_from = 0  # measured steps the models behind predicted_s were refitted on
         self.steps_seen: list[StepTelemetry] = []
+        self.steps_detail: list[dict[str, Any]] = []  # per training step: reward, loss, ratio, rollout (trainer_loop.step_detail)
         self.hosts: list[Any] = []
         self.tracker: Any = None
         self.inputs: Any = None
@@ -257,7 +259,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.ledger.late_returns, len(self.decisions),
                              float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards,
                              list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched, self.ledger.train_delay_s, self.forced_returns,
-                             [t.prediction() for t in self.steps_seen], self.spec.profile_name)
+                             [t.prediction() for t in self.steps_seen], self.spec.profile_name, list(self.steps_detail), self.rt.control)
         self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions)
         return summary
 

@@ -158,7 +158,7 @@ def _rank_main(setup: RankSetup, inbox: Any, outbox: Any) -> None:
 class FSDPTrainer:
     """Ray actor (or plain object) driving `world_size` FSDP2 rank processes; same interface as Trainer."""
 
-    def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, world_size: int = 1) -> None:
+    def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, world_size: int = 1, advantage_sign: float = 1.0) -> None:
         import torch
         import torch.multiprocessing as mp
 
@@ -166,6 +166,7 @@ class FSDPTrainer:
             raise ValueError("the fsdp trainer needs a model path")
         self.world_size = validate_world_size(world_size, torch.cuda.device_count() if torch.cuda.is_available() else 0)
         self.staleness = staleness
+        self.advantage_sign = advantage_sign
         self.version = 0
         self._model_path, self._probe_model = model_path, None
         self._probes: dict[int, tuple[float, ...]] = {}  # weights version -> probe log-probs
@@ -212,7 +213,7 @@ class FSDPTrainer:
     def train_step(self, samples: list[TrainSample], rollout_version: int) -> tuple[dict[str, float], bytes]:
         """One sharded update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""
         t0 = time.perf_counter()
-        batch, metrics = select_batch(samples, rollout_version, self.staleness)
+        batch, metrics = select_batch(samples, rollout_version, self.staleness, self.advantage_sign)
         self.probe_logprobs(self.version)  # the weights about to change: engines may still hold them when asked
         for box in self._inboxes:
             box.put(batch)

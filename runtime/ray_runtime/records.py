@@ -49,6 +49,8 @@ class RunSummary:
     forced_returns: int = 0  # lent GPUs taken back with no planned return
     predictions: list[dict[str, Any]] = field(default_factory=list)  # per step: StepTelemetry.prediction()
     profile: str = ""  # the engine profile the predictor started from
+    steps_detail: list[dict[str, Any]] = field(default_factory=list)  # per training step (trainer_loop.step_detail)
+    control: str = "none"  # a learning test's negative control, if one ran (runtime.control)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class RunSummary:
             "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3), "kv_handoffs": self.kv_handoffs,
             "weights_verified": self.weights_verified, "weights_mismatched": self.weights_mismatched,
             "profile": self.profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
+            "control": self.control, "steps_detail": self.steps_detail,
         }
 
 

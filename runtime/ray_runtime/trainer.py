@@ -101,11 +101,12 @@ def group_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float = 1e-6)
     return adv
 
 
-def select_batch(samples: list[TrainSample], rollout_version: int, staleness: int) -> tuple[Batch, dict[str, float]]:
-    """Drop trajectories past the staleness bound, compute advantages; also the batch's metrics."""
+def select_batch(samples: list[TrainSample], rollout_version: int, staleness: int, advantage_sign: float = 1.0) -> tuple[Batch, dict[str, float]]:
+    """Drop trajectories past the staleness bound, compute advantages; also the batch's metrics.
+    `advantage_sign` -1 is the learning tests' negative control (runtime.control flipped_advantage)."""
     fresh = tuple(s for s in samples if rollout_version - s.min_version <= staleness)
     rewards = np.array([s.reward for s in fresh], dtype=float)
-    adv = group_advantages(rewards, np.array([s.group for s in fresh]))
+    adv = advantage_sign * group_advantages(rewards, np.array([s.group for s in fresh]))
     batch = Batch(fresh, tuple(float(a) for a in adv), sum(sum(s.action_mask) for s in fresh), rollout_version)
     metrics = {
         "dropped_stale": float(len(samples) - len(fresh)),
@@ -165,8 +166,9 @@ def state_blob(model: Any) -> bytes:
 class Trainer:
     """Ray actor (or plain object). backend 'torch' trains for real; 'emulated' sleeps the training-time model."""
 
-    def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, backend: str = "torch", emulated_step_s: float = 1.0, time_scale: float = 1.0) -> None:
+    def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, backend: str = "torch", emulated_step_s: float = 1.0, time_scale: float = 1.0, advantage_sign: float = 1.0) -> None:
         self.backend = backend
+        self.advantage_sign = advantage_sign
         self.version = 0
         self.staleness = staleness
         self.clip = clip_eps
@@ -193,7 +195,7 @@ class Trainer:
     def train_step(self, samples: list[TrainSample], rollout_version: int) -> tuple[dict[str, float], bytes]:
         """One update on a rollout batch; returns (metrics, new weights as safetensors bytes)."""
         t0 = time.perf_counter()
-        batch, metrics = select_batch(samples, rollout_version, self.staleness)
+        batch, metrics = select_batch(samples, rollout_version, self.staleness, self.advantage_sign)
         if self.model is not None:
             self.probe_logprobs(self.version)  # the weights about to change: engines may still hold them when asked
         if self.backend == "emulated":

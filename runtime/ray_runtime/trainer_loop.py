@@ -24,6 +24,13 @@ from runtime.ray_runtime.trainer import TrainSample
 WEIGHTS_MATCH_TOL = 1e-3  # max |log p| difference between an engine and the trainer at equal weights (fp32)
 
 
+def step_detail(row: dict[str, Any]) -> dict[str, Any]:
+    """One training step as `pearl train --json` lists it (steps_detail) and --plot draws it."""
+    keys = {"step": "step", "weight_version": "weight_version", "mean_reward": "mean_reward", "loss": "train_loss",
+            "importance_ratio": "train_ratio_mean", "rollout_s": "rollout_s", "tok_per_s": "tok_per_s", "mode": "mode", "ratio": "ratio"}
+    return {k: (round(float(row[src]), 6) if isinstance(row.get(src), (int, float)) and not isinstance(row.get(src), bool) and k not in ("step", "weight_version") else row.get(src)) for k, src in keys.items()}
+
+
 class TrainerLoop:
     """Training steps and weight pushes for `Controller` (attributes are the controller's)."""
 
@@ -48,6 +55,7 @@ class TrainerLoop:
             self.rewards.extend(rewards)
             row = {"step": b, "weight_version": self.version, "mean_reward": float(np.mean(rewards)) if rewards else 0.0, "rollout_s": tel.rollout_s, "gen_tokens": tel.generated_tokens, "tok_per_s": tel.generated_tokens / max(tel.rollout_s / self.scale, 1e-9), "mode": tel.mode, "ratio": tel.ratio, "predicted_s": tel.predicted_s, "pred_error": tel.error, **{f"train_{k}": v for k, v in m.items()}}
             self.metrics.write("train_step", **row)
+            self.steps_detail.append(step_detail(row))
             if self.on_step:
                 self.on_step(row)
             await self.decide("training_end")
@@ -74,6 +82,8 @@ class TrainerLoop:
             await self._push_weights_locked(blob_ref, version)
 
     async def _push_weights_locked(self, blob_ref: Any, version: int) -> None:
+        if self.rt.control == "frozen_engines":  # negative control: the engines keep their initial weights
+            blob_ref = self.initial_blob_ref
         actors = {id(r.actor): r.actor for r in self.rec.values() if r.actor is not None and r.slot.gpu not in self.table.dead}
         import ray
 
