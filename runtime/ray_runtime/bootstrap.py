@@ -78,7 +78,7 @@ class Bootstrap:
             self.trainer = self._remote(FSDPTrainer).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size, advantage_sign=sign)
         else:
             self.trainer = self._remote(Trainer).remote(
-                self.model_path if self.trainer_backend == "torch" else None, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, emulated_train_s, self.scale, sign
+                self.model_path if self.trainer_backend == "torch" else None, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, emulated_train_s, self.scale, advantage_sign=sign
             )
         tok = self.model_path if self.backend == "vllm" and rt.task == "calculator" else None
         self.env = self._remote(EnvWorker, max_concurrency=100000).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)

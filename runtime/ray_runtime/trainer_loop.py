@@ -26,9 +26,11 @@ WEIGHTS_MATCH_TOL = 1e-3  # max |log p| difference between an engine and the tra
 
 def step_detail(row: dict[str, Any]) -> dict[str, Any]:
     """One training step as `pearl train --json` lists it (steps_detail) and --plot draws it."""
-    keys = {"step": "step", "weight_version": "weight_version", "mean_reward": "mean_reward", "loss": "train_loss",
-            "importance_ratio": "train_ratio_mean", "rollout_s": "rollout_s", "tok_per_s": "tok_per_s", "mode": "mode", "ratio": "ratio"}
-    return {k: (round(float(row[src]), 6) if isinstance(row.get(src), (int, float)) and not isinstance(row.get(src), bool) and k not in ("step", "weight_version") else row.get(src)) for k, src in keys.items()}
+    def num(key: str) -> float | None:  # the emulated trainer reports no loss or ratio
+        return None if row.get(key) is None else round(float(row[key]), 6)
+
+    return {"step": row["step"], "weight_version": row["weight_version"], "mean_reward": num("mean_reward"), "loss": num("train_loss"),
+            "importance_ratio": num("train_ratio_mean"), "rollout_s": num("rollout_s"), "tok_per_s": num("tok_per_s"), "mode": row["mode"], "ratio": row["ratio"]}
 
 
 class TrainerLoop:
