@@ -138,24 +138,47 @@ def linear_model(p: PlanningProblem) -> LinearModel:
     return lm
 
 
-def _solution(p: PlanningProblem, lm: LinearModel, values: list[float] | None, status: str, obj: float, bound: float, ms: float, backend: str) -> Solution:
-    if values is None:
-        return Solution(status, tuple((0, 0, 0) for _ in p.groups), 0, 0, bound, ms, backend)
+@dataclass(frozen=True)
+class Raw:
+    """What a solver returned for a LinearModel, before it is read back as a Solution."""
+
+    values: list[float] | None
+    status: str
+    objective: float
+    bound: float
+    ms: float
+    backend: str
+
+
+def read_back(lm: LinearModel, raw: Raw, n_groups: int, width: int = 3) -> Solution:
+    """A Solution from solver values: per group the `lm.x` variables (None: 0), completion = T + queue."""
+    if raw.values is None:
+        return Solution(raw.status, tuple((0,) * width for _ in range(n_groups)), 0, 0, raw.bound, raw.ms, raw.backend)  # type: ignore[arg-type]
+    values = raw.values
     x = tuple(tuple(int(round(values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
     completion = int(round(values[lm.T])) + sum(q * int(round(values[y])) for y, q in lm.queue)
-    return Solution(status, x, completion, int(round(obj)), bound, ms, backend)  # type: ignore[arg-type]
+    return Solution(raw.status, x, completion, int(round(raw.objective)), raw.bound, raw.ms, raw.backend)  # type: ignore[arg-type]
+
+
+def _solution(p: PlanningProblem, lm: LinearModel, raw: Raw) -> Solution:
+    return read_back(lm, raw, len(p.groups))
 
 
 # ------------------------------------------------------------------------------------- CP-SAT
 def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None) -> Solution:
     """CP-SAT stops at the wall-clock limit or at the same amount of deterministic time
     (reproducible on an idle machine), whichever comes first."""
-    from ortools.sat.python import cp_model
-
     if (bad := Solution.contradictory(p, "cpsat")) is not None:
         return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
+    return _solution(p, lm, cpsat_model(lm, time_limit_s, workers, seed, deterministic_limit_s, t0))
+
+
+def cpsat_model(lm: LinearModel, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None, t0: float | None = None) -> Raw:
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter() if t0 is None else t0
     model = cp_model.CpModel()
     xs = [model.new_int_var(lb, ub, "") for lb, ub in zip(lm.lb, lm.ub)]
     for terms, lo, hi in lm.rows:
@@ -178,21 +201,25 @@ def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed:
     ms = (time.perf_counter() - t0) * 1000
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         vals = [solver.value(v) for v in xs]
-        return _solution(p, lm, vals, "optimal" if st == cp_model.OPTIMAL else "feasible", solver.objective_value, solver.best_objective_bound, ms, "cpsat")
+        return Raw(vals, "optimal" if st == cp_model.OPTIMAL else "feasible", solver.objective_value, solver.best_objective_bound, ms, "cpsat")
     status = "infeasible" if st == cp_model.INFEASIBLE else "no_solution"
-    return _solution(p, lm, None, status, math.inf, -math.inf, ms, "cpsat")
+    return Raw(None, status, math.inf, -math.inf, ms, "cpsat")
 
 
 # ------------------------------------------------------------------------------------- MathOpt / HiGHS
 def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed: int = 0) -> Solution:
+    if (bad := Solution.contradictory(p, "highs")) is not None:
+        return bad
+    t0 = time.perf_counter()
+    return _solution(p, lm := linear_model(p), highs_model(lm, time_limit_s, seed, t0))
+
+
+def highs_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None) -> Raw:
     import datetime
 
     from ortools.math_opt.python import mathopt
 
-    if (bad := Solution.contradictory(p, "highs")) is not None:
-        return bad
-    t0 = time.perf_counter()
-    lm = linear_model(p)
+    t0 = time.perf_counter() if t0 is None else t0
     model = mathopt.Model(name="pearl")
     xs = [model.add_integer_variable(lb=lb, ub=ub) for lb, ub in zip(lm.lb, lm.ub)]
     for terms, lo, hi in lm.rows:
@@ -211,21 +238,25 @@ def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed:
         vals = [res.variable_values(v) for v in xs]
         opt = reason == TR.OPTIMAL
         bound = res.termination.objective_bounds.dual_bound
-        return _solution(p, lm, vals, "optimal" if opt else "feasible", round(res.objective_value()), bound, ms, "highs")
+        return Raw(vals, "optimal" if opt else "feasible", round(res.objective_value()), bound, ms, "highs")
     status = "infeasible" if reason in (TR.INFEASIBLE, TR.INFEASIBLE_OR_UNBOUNDED) else "no_solution"
-    return _solution(p, lm, None, status, math.inf, -math.inf, ms, "highs")
+    return Raw(None, status, math.inf, -math.inf, ms, "highs")
 
 
 # ------------------------------------------------------------------------------------- HiGHS direct
 def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Solution:
     """HiGHS through its own Python API: the model goes in as arrays (no per-term objects)."""
-    import highspy
-    import numpy as np
-
     if (bad := Solution.contradictory(p, "highspy")) is not None:
         return bad
     t0 = time.perf_counter()
-    lm = linear_model(p)
+    return _solution(p, lm := linear_model(p), highspy_model(lm, time_limit_s, seed, t0))
+
+
+def highspy_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None) -> Raw:
+    import highspy
+    import numpy as np
+
+    t0 = time.perf_counter() if t0 is None else t0
     h = _quiet_highs()
     h.setOptionValue("presolve", "off")  # costs more than it saves on these small models
     h.setOptionValue("time_limit", float(time_limit_s))
@@ -264,9 +295,9 @@ def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Sol
     if info.primal_solution_status == 2:  # feasible point available
         vals = list(h.getSolution().col_value)
         opt = status == MS.kOptimal
-        return _solution(p, lm, vals, "optimal" if opt else "feasible", round(info.objective_function_value), info.mip_dual_bound, ms, "highspy")
+        return Raw(vals, "optimal" if opt else "feasible", round(info.objective_function_value), info.mip_dual_bound, ms, "highspy")
     st = "infeasible" if status in (MS.kInfeasible, MS.kUnboundedOrInfeasible) else "no_solution"
-    return _solution(p, lm, None, st, math.inf, -math.inf, ms, "highspy")
+    return Raw(None, st, math.inf, -math.inf, ms, "highspy")
 
 
 def _quiet_highs():
@@ -286,12 +317,16 @@ def _quiet_highs():
 
 # ------------------------------------------------------------------------------------- pywraplp CBC / SCIP
 def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solution:
-    from ortools.linear_solver import pywraplp
-
     if (bad := Solution.contradictory(p, engine)) is not None:
         return bad
     t0 = time.perf_counter()
-    lm = linear_model(p)
+    return _solution(p, lm := linear_model(p), pywraplp_model(lm, time_limit_s, engine, t0))
+
+
+def pywraplp_model(lm: LinearModel, time_limit_s: float, engine: str, t0: float | None = None) -> Raw:
+    from ortools.linear_solver import pywraplp
+
+    t0 = time.perf_counter() if t0 is None else t0
     solver = pywraplp.Solver.CreateSolver(engine.upper())
     if solver is None:
         raise RuntimeError(f"OR-Tools was built without {engine}")
@@ -314,9 +349,28 @@ def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solu
     ms = (time.perf_counter() - t0) * 1000
     if st in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         vals = [v.solution_value() for v in xs]
-        return _solution(p, lm, vals, "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible", round(obj.Value()), obj.BestBound(), ms, engine)
+        return Raw(vals, "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible", round(obj.Value()), obj.BestBound(), ms, engine)
     status = "infeasible" if st == pywraplp.Solver.INFEASIBLE else "no_solution"
-    return _solution(p, lm, None, status, math.inf, -math.inf, ms, engine)
+    return Raw(None, status, math.inf, -math.inf, ms, engine)
+
+
+def solve_model(lm: LinearModel, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Raw:
+    """Solve a program given as data (the mixed-layout program of planner/mixed.py uses this;
+    PuLP here translates the same data, so it is not an independent formulation there)."""
+    t0 = time.perf_counter()
+    if backend == "cpsat":
+        return cpsat_model(lm, time_limit_s, workers, seed, t0=t0)
+    if backend == "highs":
+        return highs_model(lm, time_limit_s, seed, t0)
+    if backend == "highspy":
+        return highspy_model(lm, time_limit_s, seed, t0)
+    if backend in ("cbc", "scip"):
+        return pywraplp_model(lm, time_limit_s, backend, t0)
+    if backend == "pulp":
+        from planner.pulp_model import pulp_model
+
+        return pulp_model(lm, time_limit_s, t0)
+    raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
 
 
 def solve(p: PlanningProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:

@@ -36,6 +36,7 @@ class RoleTable:
     tp: int
     seconds: np.ndarray = field(compare=False)
     queue: np.ndarray | None = field(default=None, compare=False)
+    gpu_type: str = ""  # the GPU type the table was built for ("": the experiment's one rollout type)
     improving: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +145,13 @@ class PlanningInputs:
     weights: CostWeights
     solver: SolverSettings
     batch: int
+    # mixed layouts: one table per (role, GPU type, TP degree) the cluster allows; empty for a
+    # single type and one TP degree per role (then the three tables above are the program's)
+    variants: tuple[RoleTable, ...] = ()
+
+    @property
+    def mixed(self) -> bool:
+        return bool(self.variants)
 
     def table(self, role: str) -> RoleTable:
         return {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode}[role]

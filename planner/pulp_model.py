@@ -94,3 +94,34 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
     bound = float(obj) if st == "optimal" else -math.inf
     completion = int(round(T.value())) + sum(q * int(round(v.value() or 0)) for q, v in queue)
     return Solution(st, x, completion, obj, bound, ms, "pulp")  # type: ignore[arg-type]
+
+
+def pulp_model(lm, time_limit_s: float, t0: float | None = None):
+    """A program given as data (planner.backends.LinearModel) solved through PuLP's CBC: the
+    mixed-layout program's PuLP path translates the same rows as the other backends."""
+    from planner.backends import INF, Raw
+
+    t0 = time.perf_counter() if t0 is None else t0
+    prob = pulp.LpProblem("pearl_mixed", pulp.LpMinimize)
+    xs = [prob.add_variable(f"v{i}", lb, ub, cat="Integer") for i, (lb, ub) in enumerate(zip(lm.lb, lm.ub))]
+    for i, (terms, lo, hi) in enumerate(lm.rows):
+        expr = pulp.lpSum(c * xs[v] for v, c in terms)
+        if lo == hi:
+            prob += expr == lo, f"r{i}"
+            continue
+        if lo != -INF:
+            prob += expr >= lo, f"r{i}lo"
+        if hi != INF:
+            prob += expr <= hi, f"r{i}hi"
+    prob += pulp.lpSum(c * xs[v] for v, c in lm.obj.items()) + lm.const
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5))
+    ms = (time.perf_counter() - t0) * 1000
+    status = pulp.LpStatus[prob.status]
+    if status == "Optimal" and prob.sol_status == pulp.LpSolutionOptimal:
+        obj = round(pulp.value(prob.objective))
+        return Raw([v.value() or 0.0 for v in xs], "optimal", obj, float(obj), ms, "pulp")
+    if prob.sol_status == pulp.LpSolutionIntegerFeasible:
+        return Raw([v.value() or 0.0 for v in xs], "feasible", round(pulp.value(prob.objective)), -math.inf, ms, "pulp")
+    return Raw(None, "infeasible" if status == "Infeasible" else "no_solution", math.inf, -math.inf, ms, "pulp")

@@ -1,0 +1,219 @@
+"""Seeded small mixed-layout instances (several GPU types, several TP degrees per role) and a
+brute-force oracle written from the definitions in planner/mixed.py's docstring, never from
+its code: no planner function is called below the marked line."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+
+from models.config import CostWeights
+from planner.inputs import MEMORY_UTILIZATION, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
+from planner.state import GPU, ROLES, ClusterState, TrainerPhase, Worker
+from planner_cases import allowed_pools, borrow_window_is_open, work_share
+
+TYPES = {"H800": 80.0, "H20": 96.0, "A100": 40.0}
+SPEED = {"H800": 1.0, "H20": 0.45, "A100": 0.6}  # invented relative speeds: only the shapes matter here
+
+
+def mixed_table(rng: random.Random, role: str, typ: str, tp: int, k_max: int, queue: bool) -> RoleTable:
+    base = rng.uniform(60, 300) / (SPEED[typ] * tp ** rng.uniform(0.3, 0.9))
+    t = [math.inf] + [base / (k ** rng.uniform(0.3, 1.0)) + rng.uniform(5, 40) for k in range(1, k_max + 1)]
+    for k in range(2, k_max + 1):
+        if rng.random() < 0.2:
+            t[k] = t[k - 1] + rng.uniform(0.0, 15.0)
+    q = None
+    if queue:
+        q0 = rng.uniform(0, 40)
+        q = np.array([0.0] + [q0 / k ** rng.uniform(0.5, 1.5) for k in range(1, k_max + 1)])
+    return RoleTable(role, tp, np.asarray(t), q, gpu_type=typ)
+
+
+def random_mixed_inputs(rng: random.Random, max_gpus: int = 8) -> PlanningInputs:
+    degrees = {r: sorted(rng.sample([1, 2, 4], rng.choice([1, 2, 2, 3]))) for r in ROLES}
+    types = sorted(rng.sample(sorted(TYPES), rng.choice([2, 2, 3])))
+    variants = tuple(mixed_table(rng, r, typ, tp, max(max_gpus // tp, 1), r == "prefill" and rng.random() < 0.7)
+                     for r in ROLES for typ in types for tp in degrees[r])
+    home = {r: next(v for v in variants if v.role == r) for r in ROLES}
+    start = {"rollout": rng.uniform(5, 30), "elastic": rng.uniform(5, 60), "training": rng.uniform(5, 20)}
+    costs = ActionCosts(start, rng.uniform(1, 10), rng.uniform(3, 40), rng.uniform(2, 8), rng.uniform(1, 5), start["rollout"], 4.0)
+    weights_gb = rng.choice([16.0, 16.0, 60.0])
+    memory = MemoryModel(weights_gb * 1e9, 147456.0, dict(TYPES), rng.choice([0.0, 32768.0, 2e5]))
+    w = CostWeights(transition_weight=rng.choice([0.0, 1.0, 5.0]), horizon_batches=rng.choice([1.0, 2.0, 0.5]))
+    return PlanningInputs(home["colocated"], home["prefill"], home["decode"], costs, memory, w, SolverSettings("cpsat", 10.0, 8, 0), 64, variants)
+
+
+def random_mixed_state(rng: random.Random, inputs: PlanningInputs) -> ClusterState:
+    types = sorted({v.gpu_type for v in inputs.variants})
+    gpus: list[GPU] = []
+    for n in range(rng.choice([1, 2, 2, 3])):
+        pool = rng.choice(["rollout", "elastic", "elastic", "training"])
+        typ = rng.choice(types)
+        for i in range(rng.choice([1, 2, 2, 4])):
+            gpus.append(GPU(f"n{n}/{i}", f"n{n}", typ, pool, available=rng.random() > 0.1, preempt_notice=rng.random() < 0.08))
+    workers: list[Worker] = []
+    borrowed: set[str] = set()
+    by_node: dict[str, list[GPU]] = {}
+    for g in gpus:
+        by_node.setdefault(g.node, []).append(g)
+    for gs in by_node.values():
+        free = [g for g in gs if g.available]
+        while free and rng.random() < 0.6:
+            role = rng.choice(ROLES)
+            tp = rng.choice([1, 2, 4])
+            if len(free) < tp:
+                break
+            take, free = free[:tp], free[tp:]
+            if take[0].pool == "training":
+                borrowed.update(g.id for g in take)
+            workers.append(Worker(f"w{len(workers)}", role, tuple(g.id for g in take), tp, draining=rng.random() < 0.05))
+    gpus = [replace(g, borrowed=g.id in borrowed) for g in gpus]
+    trainer = TrainerPhase(rng.choice(["training", "waiting"]), rng.choice([0.0, 1000.0]))
+    return ClusterState(tuple(gpus), tuple(workers), trainer, unfinished_fraction=rng.choice([1.0, 1.0, 0.5, 0.1, 0.0]))
+
+
+def _ms(x: float) -> int:
+    return int(round(x * 1000.0))
+
+
+# ------------------------------------------------------------------------------------------- oracle
+def undominated(points: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(k, t, q) points, in order of k, that no point with fewer instances matches or beats in both t and q."""
+    return [p for i, p in enumerate(points) if not any(o[1] <= p[1] and o[2] <= p[2] for o in points[:i])]
+
+
+def mixed_oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, options: object | None = None) -> int | None:
+    """Best objective (ms) over every per-node layout of (role, TP) instances; None if none is feasible.
+
+    Completion of a layout, per role: levels are the (t, q) points some configured kind (GPU
+    type, TP; used here or not) reaches alone with k instances (priced for the work left, in whole ms; points a kind's own
+    fewer-instance point matches or beats are not levels); a kind needs the fewest k whose
+    point is no worse in t and q; a layout meets a level if sum over kinds of
+    N_kind * ceil(S / need) >= S, S = 4^ceil(log2 K) with K the role's largest table. The
+    role's path is the best level met; disaggregated = max(prefill t, decode t) + prefill q.
+    """
+    modes = tuple(getattr(options, "modes", ("colocated", "disaggregated")))
+    fixed_pd = getattr(options, "fixed_pd", None)
+    max_gpus = getattr(options, "max_gpus", None)
+    pools = allowed_pools(options)
+    if not borrow_window_is_open(state.trainer, inputs.costs, now_s):
+        pools.discard("training")
+    share = work_share(state, inputs)
+    tables = {(t.role, t.gpu_type, t.tp): t for t in inputs.variants}
+    mem = inputs.memory
+
+    def fits(typ: str, tp: int) -> bool:
+        kv = max(mem.gpu_memory_gib[typ] * 2**30 * tp * MEMORY_UTILIZATION - mem.weight_bytes, 0.0) / mem.kv_bytes_per_token
+        return kv >= mem.max_seq_tokens
+
+    by_id = {g.id: g for g in state.gpus}
+    usable = {g.id: g.available and not g.preempt_notice for g in state.gpus}
+    held = {gid for wk in state.workers if wk.draining for gid in wk.gpus}
+    nodes = sorted({(g.node, g.pool, g.type) for g in state.gpus})
+    cap = {k: (sum(1 for g in state.gpus if (g.node, g.pool, g.type) == k and usable[g.id] and g.id not in held) if k[1] in pools else 0) for k in nodes}
+    slots = {k: [(r, tp) for r in range(3) for (ro, ty, tp) in sorted(tables) if ro == ROLES[r] and ty == k[2] and tp <= cap[k] and fits(ty, tp)] for k in nodes}
+    denom = max(sum(v for k, v in cap.items() if k[1] != "training"), 1)
+    w = inputs.weights.transition_weight / inputs.weights.horizon_batches
+    c = inputs.costs
+    cur = {k: {s: 0 for s in slots[k]} for k in nodes}
+    constant = 0
+    for wk in state.workers:
+        if wk.draining:
+            continue
+        g = by_id[wk.gpus[0]]
+        k, s = (g.node, g.pool, g.type), (ROLES.index(wk.role), wk.tp)
+        if s in cur[k] and all(usable[x] for x in wk.gpus):
+            cur[k][s] += 1
+        else:
+            constant += _ms(w * c.stop_s * wk.tp / denom)
+
+    def node_cost(k, x: dict) -> int:
+        start_s = 0.0 if k[1] == "training" and not getattr(options, "toggle_in_objective", True) else c.start_s[k[1]]
+        sl = slots[k]
+        moves = [(a, b) for a in sl for b in sl if a != b and a[1] == b[1]]
+        best = None
+        for keep in itertools.product(*[range(min(cur[k][s], x[s]) + 1) for s in sl]):
+            lc = {s: cur[k][s] - kk for s, kk in zip(sl, keep)}
+            lt = {s: x[s] - kk for s, kk in zip(sl, keep)}
+            for counts in itertools.product(*[range(min(lc[a], lt[b]) + 1) for a, b in moves]):
+                out = {s: 0 for s in sl}
+                inn = {s: 0 for s in sl}
+                for (a, b), n in zip(moves, counts):
+                    out[a] += n
+                    inn[b] += n
+                if any(out[s] > lc[s] or inn[s] > lt[s] for s in sl):
+                    continue
+                cost = sum(_ms(w * start_s * s[1] / denom) * (lt[s] - inn[s]) + _ms(w * c.stop_s * s[1] / denom) * (lc[s] - out[s])
+                           + _ms(w * c.switch_s * s[1] / denom) * inn[s] for s in sl)
+                best = cost if best is None else min(best, cost)
+        return best  # type: ignore[return-value]
+
+    # every node's layouts, combined node by node: (instances per (role, type, tp), GPUs) -> cheapest cost
+    combos: dict[tuple, int] = {((), 0): 0}
+    for k in nodes:
+        sl = slots[k]
+        opts = []
+        for x in itertools.product(*[range(cap[k] // s[1] + 1) for s in sl]):
+            used = sum(s[1] * n for s, n in zip(sl, x))
+            if used <= cap[k]:
+                opts.append((dict(zip(sl, x)), used))
+        nxt: dict[tuple, int] = {}
+        for (tot, gp), cost in combos.items():
+            for x, used in opts:
+                d = dict(tot)
+                for (r, tp), n in x.items():
+                    if n:
+                        d[(r, k[2], tp)] = d.get((r, k[2], tp), 0) + n
+                key = (tuple(sorted(d.items())), gp + used)
+                v = cost + node_cost(k, x)
+                if key not in nxt or v < nxt[key]:
+                    nxt[key] = v
+        combos = nxt
+
+    def levels(r: int, kinds: list[tuple[str, int]]) -> tuple[list[tuple[int, int, list[int]]], int]:
+        """Levels from every configured kind of the role (used or not); needs of `kinds`."""
+        pts = {}
+        for typ, tp in sorted((ty, tp) for ro, ty, tp in tables if ro == ROLES[r]):
+            tab = tables[(ROLES[r], typ, tp)]
+            qs = tab.queue if tab.queue is not None else np.zeros(tab.seconds.shape[0])
+            raw = [(k, _ms(float(tab.seconds[k])), _ms(float(qs[k]))) for k in range(1, tab.seconds.shape[0]) if math.isfinite(tab.seconds[k])]
+            priced = [(k, int(round(share * t)), int(round(share * q))) for k, t, q in raw]
+            pts[(typ, tp)] = undominated(priced)
+        big = max(tables[(ROLES[r], typ, tp)].seconds.shape[0] - 1 for typ, tp in pts)
+        units = 4 ** max(0, math.ceil(math.log2(max(big, 1))))
+        out = []
+        for t, q in sorted({(t, q) for ps in pts.values() for _, t, q in ps}):
+            need = [min((k for k, tt, qq in pts[kd] if tt <= t and qq <= q), default=0) for kd in kinds]
+            out.append((t, q, need))
+        return out, units
+
+    def role_best(r: int, counts: dict) -> list[tuple[int, int]]:
+        kinds = sorted(counts)
+        lv, units = levels(r, kinds)
+        return [(t, q) for t, q, need in lv if sum(counts[kd] * -(-units // nd) for kd, nd in zip(kinds, need) if nd) >= units]
+
+    best = None
+    for (tot, gpus_used), cost in combos.items():
+        per = [{(typ, tp): n for (r, typ, tp), n in tot if r == role} for role in range(3)]
+        n = [sum(p.values()) for p in per]
+        if max_gpus is not None and gpus_used > max_gpus:
+            continue
+        if fixed_pd is not None and (n[1], n[2]) != tuple(fixed_pd):
+            continue
+        if n[0] > 0 and n[1] == 0 and n[2] == 0 and "colocated" in modes:
+            met = role_best(0, per[0])
+            priced = min((t + q for t, q in met), default=None)
+        elif n[0] == 0 and n[1] > 0 and n[2] > 0 and "disaggregated" in modes:
+            a, b = role_best(1, per[1]), role_best(2, per[2])
+            priced = min((max(ta, tb) + qa + qb for ta, qa in a for tb, qb in b), default=None)
+        else:
+            continue
+        if priced is None:
+            continue
+        obj = priced + cost + constant
+        best = obj if best is None else min(best, obj)
+    return best
