@@ -44,6 +44,8 @@ class GroupTarget:
     colocated: int = 0
     prefill: int = 0
     decode: int = 0
+    # mixed layouts: (role, TP degree, instances) per slot; empty when every role has one degree
+    layout: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -51,6 +53,12 @@ class GroupTarget:
 
     def count(self, role: str) -> int:
         return int(getattr(self, role))
+
+    def slots(self, tp: dict[str, int]) -> dict[tuple[str, int], int]:
+        """Instances per (role, TP degree); `tp` gives each role's degree when there is no layout."""
+        if self.layout:
+            return {(r, t): n for r, t, n in self.layout if n}
+        return {(r, tp[r]): self.count(r) for r in ("colocated", "prefill", "decode") if self.count(r)}
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,18 @@ class Decision:
                 d[r] += t.count(r)
         return {n: d for n, d in out.items() if any(d.values())}
 
+    def layout_by_type(self) -> dict[str, dict[str, dict[int, int]]]:
+        """Mixed layouts: instances per GPU type, role and TP degree (empty for a single degree per role)."""
+        out: dict[str, dict[str, dict[int, int]]] = {}
+        for t in self.targets:
+            for r, tp, n in t.layout:
+                if n:
+                    by_tp = out.setdefault(t.gpu_type, {}).setdefault(r, {})
+                    by_tp[tp] = by_tp.get(tp, 0) + n
+        return out
+
     def to_json(self) -> dict:
-        return {
+        out = {
             "mode": self.mode, "ratio": self.ratio, "colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
             "per_node": self.per_node(), "lent_gpus": self.lent_gpus,
             "predicted_completion_s": round(self.predicted_completion_s, 4), "transition_cost_s": round(self.transition_cost_s, 4),
@@ -117,3 +135,6 @@ class Decision:
                 "infeasible_family": self.proof.infeasible_family,
             },
         }
+        if by_type := self.layout_by_type():
+            out["layout_by_type"] = {ty: {r: {str(t): n for t, n in d.items()} for r, d in roles.items()} for ty, roles in by_type.items()}
+        return out

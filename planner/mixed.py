@@ -6,42 +6,43 @@ planner/milp.py unchanged. Same families, pricing and objective as there; what c
 
   slots s = (role r, TP t)  what an instance on a group can be; the group fixes the GPU type,
                             so an instance never spans types or nodes (TP stays inside a node)
-  kinds j of role r         (GPU type, TP) with its own table (k, t_ms, q_ms): the role's path and
-                            queue with k instances of that kind alone serving the batch
+  kinds j of role r         (GPU type, TP) with its own table of undominated entries (k, t, q):
+                            the role's path t and queue q when k instances of that kind alone
+                            split the batch, each carrying 1/k of it
   x[g,s], d, s              instances / starts / stops per group and slot; switches only between
                             roles of one TP on one group (u[g,t]); a TP change is a stop + a start
-  levels ℓ of role r        the union of the kinds' undominated (t, q) entries; need_j(ℓ) = the
-                            fewest kind-j instances whose own table reaches t <= t_ℓ and q <= q_ℓ
 
-The mixed completion (the router's load split; the slowest trajectory's path). Levels are the
-points every configured kind reaches alone (used in this state or not), so the level set is
-fixed by the inputs, not by what is available. One of need_j
-instances that share a batch carries 1/need_j of it and finishes within t_ℓ (its slowest
-trajectory's path, queueing <= q_ℓ); an instance given no more than that share behaves no
-worse (a smaller load is never slower in the predictor). The router gives each instance at
-most that share, so a layout N meets level ℓ when the shares cover the batch:
+The mixed completion (the router's load split; the slowest trajectory's path). Each kind runs
+at one operating point, an entry (k_j, t_j, q_j) of its own table: its instances each carry at
+most 1/k_j of the batch, and then (the predictor's load is per instance) its trajectories'
+path is at most t_j and their queueing at most q_j. The router gives kind j a whole number of
+units, at most floor(S N_j / k_j) of the S units a batch has (`share_units`: 64 x the power of
+two >= K, the role's largest table); kinds it gives nothing idle. A layout's role path is the best over operating
+points whose units cover the batch of
 
-    sum_j N_j * ceil(S / need_j(ℓ)) >= S      (S = 4^ceil(log2 K), K the role's largest table)
+    T_r = max over serving kinds of t_j,   Q_r = max over serving kinds of q_j
 
-Shares are counted in whole units of 1/S of the batch, each instance's rounded up: with one
-kind this is exactly N >= need (S >= K^2 > (need - 1) need), so a homogeneous role keeps
-today's semantics; a mix is at most one unit per instance optimistic. The role's path is the
-smallest level met: `role_options` is that definition and the program's rows are it too, so
-the program stays exact with respect to it (no average of GPU counts anywhere). Disaggregated:
-max(prefill level t, decode level t) + prefill level q, as in planner/milp.py.
+(the slowest trajectory's path and the longest queue); colocated completes in T + Q,
+disaggregated in max(T_P, T_D) + Q_P, as in planner/milp.py. With one kind this is exactly
+the homogeneous rule (floor(S N / k) >= S iff N >= k), so a single-kind role is predicted as
+today; nothing averages GPU counts. `role_path_options` computes it from the definition.
 
-Rows per role: a single kind keeps milp.py's one row N >= sum_ℓ need_ℓ y_ℓ; several kinds get
-one coverage row per level, sum_j c_j(ℓ) N_j >= S y_ℓ (the others hold trivially at y_ℓ = 0).
-Levels are dropped only when no optimum can select them (exact): ones the usable GPUs cannot
-cover even at the best per-GPU share, ones whose time + queue exceed the current layout's
-objective, and, in the disaggregated mode, ones below the partner role's floor that another
-level below it beats (the max hides the difference).
+The program, per role and kind: a one-hot w[j,e] over the kind's entries (e = 0: idle), units
+sigma[j,e] <= S w[j,e], S N_j >= sum_e k_e sigma[j,e] (the floor rule, integer units), and
+sum sigma = S when the role serves (a kind may carry less than it could); T >= sum_e t_e w[j,e]
+and Q_r >= sum_e q_e w[j,e] per kind (the max), and S T >= sum t_e sigma[j,e] over the colocated and
+one P/D role's units (their mean path: valid since only one mode serves and every serving
+unit's path is <= T; same for the queues): it keeps the LP relaxation from idling half of
+each kind or serving half in each mode. With one kind, sigma = S w and the rows reduce to milp.py's
+N >= sum k y: the LP relaxation is the table's convex envelope, as there. Exact pruning: kinds that m instances of the same type
+at 1/m of the degree replace at no loss (where none runs at that degree), and entries whose
+time + queue alone exceed the current layout's objective.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -83,51 +84,72 @@ class MixedGroup:
         return (self.cap // self.slots[i][1]) * self.mult
 
 
+
+
 @dataclass(frozen=True)
-class RoleLevels:
-    """One role's kinds and the levels its layouts can meet; row 0 is 'role unused'.
+class KindTable:
+    """One kind's undominated entries (k > 0) in milliseconds, as arrays."""
 
-    t, q: (L,) priced or fresh milliseconds; need: (L, kinds) (0 = the kind cannot reach it)."""
-
-    kinds: tuple[Kind, ...]
+    kind: Kind
+    k: np.ndarray = field(compare=False)
     t: np.ndarray = field(compare=False)
     q: np.ndarray = field(compare=False)
-    need: np.ndarray = field(compare=False)
-    units: int = 1
 
-    @property
-    def size(self) -> int:
-        return int(self.t.size)
+    @classmethod
+    def of(cls, kind: Kind, entries: tuple[Entry, ...]) -> KindTable:
+        rows = [e for e in entries if e[0] > 0]
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return cls(kind, arr[:, 0], arr[:, 1], arr[:, 2])
 
-    def shares(self) -> np.ndarray:
-        """(L, kinds): ceil(S / need), the units of the batch one instance of each kind carries."""
-        return np.where(self.need > 0, -(-self.units // np.maximum(self.need, 1)), 0)
+    def keep(self, mask: np.ndarray) -> KindTable:
+        return KindTable(self.kind, self.k[mask], self.t[mask], self.q[mask])
 
-    def met(self, counts: dict[Kind, int]) -> np.ndarray:
-        """Indices (not 0) of the levels a layout with `counts` instances per kind meets."""
-        n = np.array([counts.get(k, 0) for k in self.kinds], dtype=np.int64)
-        if len(self.kinds) == 1:
-            ok = (self.need[:, 0] > 0) & (n[0] >= self.need[:, 0])
-        else:
-            ok = self.shares() @ n >= self.units
-        ok[0] = False
-        return np.flatnonzero(ok)
+    def fewest(self, t_max: np.ndarray, q_max: np.ndarray) -> np.ndarray:
+        """Per (t_max, q_max) pair: the fewest instances k of an entry with t <= t_max and q <= q_max (0: none)."""
+        if self.k.size == 0:
+            return np.zeros(np.broadcast(t_max, q_max).shape, dtype=np.int64)
+        ok = (self.t <= np.asarray(t_max)[..., None]) & (self.q <= np.asarray(q_max)[..., None])
+        return np.where(ok.any(axis=-1), np.where(ok, self.k, np.iinfo(np.int64).max).min(axis=-1), 0)
 
-    def select(self, keep: np.ndarray, floor: int | None = None) -> RoleLevels:
-        """The levels where `keep` is true (row 0 always), row 0's t set to `floor` if given."""
-        keep = keep.copy()
-        keep[0] = True
-        t = self.t[keep].copy()
-        if floor is not None:
-            t[0] = floor
-        return RoleLevels(self.kinds, t, self.q[keep], self.need[keep], self.units)
+
+@dataclass(frozen=True)
+class RoleKinds:
+    """One role's kinds with their entries (priced or fresh) and S, the batch's units."""
+
+    kinds: tuple[KindTable, ...]
+    units: int
+
+    def index(self) -> dict[Kind, int]:
+        return {kt.kind: i for i, kt in enumerate(self.kinds)}
+
+    def options(self, counts: dict[Kind, int]) -> list[tuple[int, int]]:
+        """The (T, Q) pairs, undominated, that a layout with `counts` instances per kind meets."""
+        used = [kt for kt in self.kinds if counts.get(kt.kind, 0) > 0 and kt.k.size]
+        if not used:
+            return []
+        n = np.array([counts[kt.kind] for kt in used], dtype=np.int64)
+        ts = np.unique(np.concatenate([kt.t for kt in used]))
+        qs = np.unique(np.concatenate([kt.q for kt in used]))
+        tt, qq = np.meshgrid(ts, qs, indexing="ij")  # (T, Q) candidates: some kind's t, some kind's q
+        units = np.zeros(tt.shape, dtype=np.int64)
+        for kt, c in zip(used, n):
+            k = kt.fewest(tt, qq)
+            units += np.where(k > 0, (self.units * c) // np.maximum(k, 1), 0)
+        met = units >= self.units
+        out, best_t = [], None
+        for j, q in enumerate(qs):  # per queue bound, the fastest path met; keep the staircase
+            i = np.flatnonzero(met[:, j])
+            if i.size and (best_t is None or ts[i[0]] < best_t):
+                best_t = int(ts[i[0]])
+                out.append((best_t, int(q)))
+        return out
 
 
 @dataclass(frozen=True)
 class MixedProblem:
     groups: tuple[MixedGroup, ...]
-    roles: tuple[RoleLevels, RoleLevels, RoleLevels]  # priced (the objective's)
-    batch_roles: tuple[RoleLevels, RoleLevels, RoleLevels]  # a fresh batch's, unpriced (what a Decision reports)
+    roles: tuple[RoleKinds, RoleKinds, RoleKinds]  # priced (the objective's)
+    batch_roles: tuple[RoleKinds, RoleKinds, RoleKinds]  # a fresh batch's, unpriced (what a Decision reports)
     modes: tuple[str, ...]
     fixed_pd: tuple[int, int] | None
     max_gpus: int | None
@@ -145,36 +167,10 @@ class MixedProblem:
 
 
 def share_units(largest_table: int) -> int:
-    """S: a power of two >= K^2, so that one kind alone is exact (module docstring)."""
-    return 4 ** max(0, math.ceil(math.log2(max(largest_table, 1))))
-
-
-def _needs(lt: np.ndarray, lq: np.ndarray, entries: tuple[Entry, ...]) -> np.ndarray:
-    """need per level: the fewest instances among `entries` (k > 0) with t <= t_ℓ and q <= q_ℓ (0: none).
-
-    Undominated entries whose t and q both fall with k (always so without a queue) reach a
-    level from the later of the two thresholds on: two bisections. Otherwise a full comparison."""
-    ks = np.array([k for k, _, _ in entries if k], dtype=np.int64)
-    if ks.size == 0 or lt.size == 0:
-        return np.zeros(lt.size, dtype=np.int64)
-    ts = np.array([t for k, t, _ in entries if k], dtype=np.int64)
-    qs = np.array([q for k, _, q in entries if k], dtype=np.int64)
-    if np.all(np.diff(ts) <= 0) and np.all(np.diff(qs) <= 0):
-        i = np.maximum(np.searchsorted(-ts, -lt, side="left"), np.searchsorted(-qs, -lq, side="left"))
-        return np.where(i < ks.size, ks[np.minimum(i, ks.size - 1)], 0)
-    ok = (ts[None, :] <= lt[:, None]) & (qs[None, :] <= lq[:, None])
-    return np.where(ok.any(axis=1), ks[np.argmax(ok, axis=1)], 0)
-
-
-def role_levels(kinds: list[Kind], entries: list[tuple[Entry, ...]], units: int, others: list[tuple[Entry, ...]] = ()) -> RoleLevels:
-    """All levels of a role: the union of its configured kinds' (t, q) entries (`others`: kinds
-    with no room in this state, levels only), each with the needs of `kinds`."""
-    pts = np.array(sorted({(t, q) for e in (*entries, *others) for k, t, q in e if k}), dtype=np.int64).reshape(-1, 2)
-    lt = np.concatenate([[0], pts[:, 0]]).astype(np.int64)
-    lq = np.concatenate([[0], pts[:, 1]]).astype(np.int64)
-    need = np.stack([_needs(lt, lq, e) for e in entries], axis=1) if entries else np.zeros((lt.size, 0), dtype=np.int64)
-    need[0] = 0
-    return RoleLevels(tuple(kinds), lt, lq, need, units)
+    """S = 64 x the power of two >= K: one kind alone is exact at any S (floor(S N / k) >= S iff
+    N >= k); a mix loses under one unit per kind, 1/(64 K) of a batch, and S N stays < 2^31
+    for K <= 4096 (LP backends keep integrality at that scale)."""
+    return 64 * 2 ** max(0, math.ceil(math.log2(max(largest_table, 1))))
 
 
 # ------------------------------------------------------------------------------------- build
@@ -243,118 +239,90 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
         ))
     work = work_fraction(state.unfinished_fraction, inputs.weights.horizon_batches)
     priced, batch = [], []
-    for r, role in enumerate(ROLES):
-        kinds: list[Kind] = []
-        ub: dict[Kind, int] = {}
-        for g in groups:
-            for i, (ro, t) in enumerate(g.slots):
-                if ro == r and g.ub(i) > 0:
-                    ub[(g.gpu_type, t)] = ub.get((g.gpu_type, t), 0) + g.ub(i)
-        kinds = sorted(ub)
-        configured = sorted((ty, t) for ro, ty, t in tables if ro == role)
-        units = share_units(max((tables[(role, ty, t)].max_instances for ty, t in configured), default=1))
-        # every entry, not only k <= what fits of the kind alone: a mix uses kinds at shares they cannot reach alone
-        fresh = [tables[(role, ty, t)].improving for ty, t in kinds]
-        absent = [tables[(role, ty, t)].improving for ty, t in configured if (ty, t) not in ub]
-        batch.append(role_levels(kinds, fresh, units, absent))
-        priced.append(role_levels(kinds, [price_entries(e, work) for e in fresh], units, [price_entries(e, work) for e in absent]))
+    for r in range(3):
+        rl = _role_tables(groups, r, tables, work)
+        if options.fixed_pd is None or "policy" in relax:  # a fixed P:D counts instances: TP2 is not two TP1
+            drop = _dominated(rl, groups)
+            if drop:
+                groups = [_without(g, r, drop) for g in groups]
+                rl = _role_tables(groups, r, tables, work)
+        priced.append(rl)
+    batch = [_role_tables(groups, r, tables, None) for r in range(3)]
     modes = options.modes if "policy" not in relax else ("colocated", "disaggregated")
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     problem = MixedProblem(tuple(groups), tuple(priced), tuple(batch), modes, fixed, mx, constant, denom, work)  # type: ignore[arg-type]
-    return _prune_levels(problem)
+    return _prune_entries(problem)
 
 
-def _prune_levels(p: MixedProblem) -> MixedProblem:
-    """Drop levels no optimum can select (module docstring), then put a valid lower bound on
-    T in the 'role unused' row (tightens the LP relaxation, cuts nothing)."""
-    keep = [_reachable(p, r, rl) for r, rl in enumerate(p.roles)]
-    ub = _incumbent(p)
-    if ub is not None:
-        keep = [k & (rl.t + rl.q + p.constant_ms <= ub) for k, rl in zip(keep, p.roles)]
-    if "disaggregated" in p.modes:
-        best = [_best_t(rl, k) for rl, k in zip(p.roles, keep)]
-        keep[1] = keep[1] & _beats_below(p.roles[1], keep[1], best[2])
-        keep[2] = keep[2] & _beats_below(p.roles[2], keep[2], best[1])
-    best = [_best_t(rl, k) for rl, k in zip(p.roles, keep)]
-    cands = [best[0]] if best[0] is not None else []
-    if best[1] is not None and best[2] is not None:
-        cands.append(max(best[1], best[2]))
-    floor = min(cands) if cands else 0
-    roles = tuple(rl.select(k, floor) for rl, k in zip(p.roles, keep))
-    return MixedProblem(p.groups, roles, p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
 
 
-def _best_t(rl: RoleLevels, keep: np.ndarray) -> int | None:
-    k = keep.copy()
-    k[0] = False
-    return int(rl.t[k].min()) if k.any() else None
+def _role_tables(groups: list[MixedGroup], r: int, tables: dict, work: float | None) -> RoleKinds:
+    """Role r's kinds the groups can host, their entries priced by `work` (None: a fresh batch)."""
+    role = ROLES[r]
+    kinds = sorted({(g.gpu_type, t) for g in groups for i, (ro, t) in enumerate(g.slots) if ro == r and g.ub(i) > 0})
+    configured = [t for (ro, _, _), t in tables.items() if ro == role]
+    units = share_units(max((t.max_instances for t in configured), default=1))
+
+    def entries(kind: Kind) -> tuple[Entry, ...]:
+        # every entry, not only k <= what fits of the kind: a mix runs kinds at shares they cannot reach alone
+        e = tables[(role, *kind)].improving
+        return e if work is None else price_entries(e, work)
+
+    return RoleKinds(tuple(KindTable.of(k, entries(k)) for k in kinds), units)
 
 
-def _reachable(p: MixedProblem, r: int, rl: RoleLevels) -> np.ndarray:
-    """(L,) can the usable GPUs cover the level at all (each GPU at its group's best share per GPU)?"""
-    index = {k: i for i, k in enumerate(rl.kinds)}
-    shares = rl.shares().astype(float)
-    total = np.zeros(rl.size)
-    for g in p.groups:
-        per_gpu = np.zeros(rl.size)
-        for i, (ro, t) in enumerate(g.slots):
-            if ro == r and g.ub(i) and (g.gpu_type, t) in index:
-                per_gpu = np.maximum(per_gpu, shares[:, index[(g.gpu_type, t)]] / t)
-        total += per_gpu * g.total_cap
-    ok = total >= rl.units
-    ok[0] = True
-    return ok
-
-
-def _beats_below(rl: RoleLevels, keep: np.ndarray, floor: int | None) -> np.ndarray:
-    """At or below the partner's best time the max hides t: of those levels drop each one that
-    another one there beats, queueing no longer and needing no more instances of any kind."""
-    out = np.ones(rl.size, dtype=bool)
-    if floor is None:
-        return out
-    low = np.flatnonzero(keep & (rl.t <= floor))
-    low = low[low > 0]
-    if low.size < 2:
-        return out
-    if not rl.q[low].any():  # no queue: needs only fall with t, so the largest t beats the rest
-        out[low[:-1]] = False
-        return out
-    if low.size > 1500:  # the pairwise test costs O(n^2): skip (keeping levels is always exact)
-        return out
-    need = np.where(rl.need[low] > 0, rl.need[low], np.iinfo(np.int64).max)
-    q = rl.q[low]
-    # j beats i: q_j <= q_i and need_j <= need_i everywhere; ties keep the larger t (the last)
-    no_worse = (q[:, None] <= q[None, :]) & np.all(need[:, None, :] <= need[None, :, :], axis=2)
-    same = (q[:, None] == q[None, :]) & np.all(need[:, None, :] == need[None, :, :], axis=2)
-    later = np.arange(low.size)[:, None] > np.arange(low.size)[None, :]
-    beaten = no_worse & (~same | later)
-    np.fill_diagonal(beaten, False)
-    out[low[beaten.any(axis=0)]] = False
+def _dominated(rk: RoleKinds, groups: list[MixedGroup]) -> set[Kind]:
+    """Kinds (type, m t) that m instances of (type, t) replace on the same GPUs at no loss: for
+    each of its entries (k, t, q) the smaller degree has one with at most m k instances and no
+    larger t or q (m of its instances then carry at least the share), at the same price per GPU
+    and wherever it fits. Only where no current instance runs at that degree on that type (a
+    keep or a switch there is cheaper than any replacement). Exact."""
+    running = {(g.gpu_type, t) for g in groups for (_, t), c in zip(g.slots, g.cur) if c}
+    out: set[Kind] = set()
+    for big in rk.kinds:
+        ty, t2 = big.kind
+        if big.kind in running:
+            continue
+        for small in rk.kinds:
+            ty1, t1 = small.kind
+            if ty1 == ty and t1 < t2 and (big.k.size == 0 or np.all((0 < small.fewest(big.t, big.q)) & (small.fewest(big.t, big.q) <= (t2 // t1) * big.k))):
+                out.add(big.kind)
+                break
     return out
 
 
-def _incumbent(p: MixedProblem) -> int | None:
+def _without(g: MixedGroup, r: int, drop: set[Kind]) -> MixedGroup:
+    keep = [i for i, (ro, t) in enumerate(g.slots) if not (ro == r and (g.gpu_type, t) in drop)]
+    if len(keep) == len(g.slots):
+        return g
+    pick = lambda v: tuple(v[i] for i in keep)  # noqa: E731
+    return MixedGroup(g.nodes, g.pool, g.gpu_type, g.cap, pick(g.slots), pick(g.cur), pick(g.start_ms), pick(g.stop_ms), pick(g.switch_ms))
+
+
+def _prune_entries(p: MixedProblem) -> MixedProblem:
+    """Drop entries no optimum can select: an entry's t + q alone is a lower bound on the
+    completion of any layout that runs it, so above the current layout's objective it cannot
+    be chosen (exact)."""
     cur = tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)
-    if not any(any(v) for v in cur):
-        return None
-    return evaluate_mixed(p, cur)
+    ub = evaluate_mixed(p, cur) if any(any(v) for v in cur) else None
+    if ub is None:
+        return p
+    roles = tuple(RoleKinds(tuple(kt.keep(kt.t + kt.q + p.constant_ms <= ub) for kt in rk.kinds), rk.units) for rk in p.roles)
+    return MixedProblem(p.groups, roles, p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def _completion(roles: tuple[RoleLevels, ...], modes: tuple[str, ...], counts: tuple[dict[Kind, int], ...]) -> int | None:
+def _completion(roles: tuple[RoleKinds, ...], modes: tuple[str, ...], counts: tuple[dict[Kind, int], ...], queue: bool = True) -> int | None:
     n = [sum(c.values()) for c in counts]
     if n[0] > 0 and n[1] == 0 and n[2] == 0:
-        col = roles[0].met(counts[0])
-        return int((roles[0].t[col] + roles[0].q[col]).min()) if col.size and "colocated" in modes else None
+        col = roles[0].options(counts[0])
+        return min(t + q * queue for t, q in col) if col and "colocated" in modes else None
     if n[0] == 0 and n[1] > 0 and n[2] > 0 and "disaggregated" in modes:
-        a, b = roles[1].met(counts[1]), roles[2].met(counts[2])
-        if not a.size or not b.size:
+        a, b = roles[1].options(counts[1]), roles[2].options(counts[2])
+        if not a or not b:
             return None
-        ta, qa, tb = roles[1].t[a], roles[1].q[a], roles[2].t[b]
-        if not roles[2].q[b].any():  # the decode role queues nothing: its best time is all that counts
-            return int((np.maximum(ta, tb.min()) + qa).min())
-        return int((np.maximum(ta[:, None], tb[None, :]) + qa[:, None] + roles[2].q[b][None, :]).min())
+        return min(max(ta, tb) + (qa + qb) * queue for ta, qa in a for tb, qb in b)
     return None
 
 
@@ -369,9 +337,8 @@ def batch_completion_ms(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int 
 
 
 def batch_paths_ms(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
-    """The paths alone (no prefill queue): the earliest the model lets the batch end."""
-    roles = tuple(RoleLevels(rl.kinds, rl.t, np.zeros_like(rl.q), rl.need, rl.units) for rl in p.batch_roles)
-    return _completion(roles, p.modes, p.counts(x))
+    """The paths alone (no queue term): the earliest the model lets the batch end."""
+    return _completion(p.batch_roles, p.modes, p.counts(x), queue=False)
 
 
 def group_transition_ms(g: MixedGroup, v: tuple[int, ...]) -> int:
@@ -408,6 +375,9 @@ def evaluate_mixed(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | Non
     t = completion_ms(p, x)
     assert t is not None
     return t + sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms
+
+
+# ------------------------------------------------------------------------------------- the program
 
 
 # ------------------------------------------------------------------------------------- the program
@@ -453,39 +423,60 @@ def mixed_linear_model(p: MixedProblem) -> LinearModel:
     lo_m = 0 if "colocated" in p.modes and p.fixed_pd is None else 1
     hi_m = 1 if "disaggregated" in p.modes else 0
     m = lm.var("m", lo_m, hi_m)
-    t_max = max([int(rl.t.max()) for rl in p.roles if rl.size] + [0])
+    t_max = max([int(kt.t.max()) for rk in p.roles for kt in rk.kinds if kt.t.size] + [0])
     T = lm.var("T", 0, t_max)
     lm.T = T
     lm.cost(T, 1)
-    for r, rl in enumerate(p.roles):
-        n_max = sum(lm.ub[v] for v, _ in role_terms[r])
-        ys = []
-        for li in range(rl.size):
-            y = lm.var(f"y[{r},{li}]", 0, 1)
-            ys.append(y)
-            q = int(rl.q[li])
-            if li and q:
-                lm.cost(y, q)
-                lm.queue.append((y, q))
-        lm.row([(y, 1) for y in ys], 1, 1)
-        if r == 0:
-            lm.row([(ys[0], 1), (m, -1)], 0, 0)
-            if role_terms[r]:
-                lm.row(role_terms[r] + [(m, max(n_max, 1))], -INF, max(n_max, 1))
-        else:
-            lm.row([(ys[0], 1), (m, 1)], 1, 1)
-            if role_terms[r]:
-                lm.row(role_terms[r] + [(m, -max(n_max, 1))], -INF, 0)
-        if len(rl.kinds) == 1:
-            terms = [(v, 1) for v in kind_terms[r].get(rl.kinds[0], [])]
-            lm.row(terms + [(y, -int(rl.need[li, 0])) for li, y in enumerate(ys) if li], 0, INF)
-        else:  # several kinds (or none: then only 'role unused' can be selected)
-            shares = rl.shares()
-            for li, y in enumerate(ys):
-                if li:
-                    terms = [(v, int(shares[li, j])) for j, k in enumerate(rl.kinds) if shares[li, j] for v in kind_terms[r].get(k, [])]
-                    lm.row(terms + [(y, -rl.units)], 0, INF)
-        lm.row([(T, 1)] + [(y, -int(rl.t[li])) for li, y in enumerate(ys) if rl.t[li]], 0, INF)
+    means_t: list[list[tuple[int, int]]] = []
+    means_q: list[list[tuple[int, int]]] = []
+    queues: list[int | None] = []
+    for r, rk in enumerate(p.roles):
+        n_max = max(sum(lm.ub[v] for v, _ in role_terms[r]), 1)
+        serve = [(m, -1)] if r == 0 else [(m, 1)]  # the role serves: 1 - m (colocated) or m
+        serve_const = 1 if r == 0 else 0
+        if role_terms[r]:
+            lm.row(role_terms[r] + [(v, -c * n_max) for v, c in serve], -INF, serve_const * n_max)  # N_r <= M * serves
+        q_max = max([int(kt.q.max()) for kt in rk.kinds if kt.q.size] + [0])
+        Q = lm.var(f"Q[{r}]", 0, q_max) if q_max else None
+        if Q is not None:
+            lm.cost(Q, 1)
+            lm.queue.append((Q, 1))
+        cover: list[tuple[int, int]] = []
+        avg_t: list[tuple[int, int]] = []  # S T >= sum t_e sigma: the units' mean path (tightens the LP)
+        avg_q: list[tuple[int, int]] = []
+        for kt in rk.kinds:
+            terms = kind_terms[r].get(kt.kind, [])
+            if not terms or kt.k.size == 0:
+                continue
+            ws = [lm.var(f"w[{r},{kt.kind},{e}]", 0, 1) for e in range(kt.k.size + 1)]  # ws[0]: idle
+            lm.row([(w, 1) for w in ws], 1, 1)
+            link = [(v, rk.units) for v in terms]
+            for e in range(kt.k.size):
+                sg = lm.var(f"sigma[{r},{kt.kind},{e}]", 0, rk.units)
+                lm.row([(sg, 1), (ws[e + 1], -rk.units)], -INF, 0)
+                link.append((sg, -int(kt.k[e])))
+                cover.append((sg, 1))
+                avg_t.append((sg, -int(kt.t[e])))
+                avg_q.append((sg, -int(kt.q[e])))
+            lm.row(link, 0, INF)  # S N_j >= sum k sigma
+            lm.row([(T, 1)] + [(w, -int(t)) for w, t in zip(ws[1:], kt.t) if t], 0, INF)
+            if Q is not None:
+                lm.row([(Q, 1)] + [(w, -int(q)) for w, q in zip(ws[1:], kt.q) if q], 0, INF)
+        # the units cover the batch exactly when the role serves (a kind may carry less than it could)
+        lm.row(cover + [(v, -c * rk.units) for v, c in serve], serve_const * rk.units, serve_const * rk.units)
+        means_t.append(avg_t)
+        means_q.append([(v, c) for v, c in avg_q if c])
+        queues.append(Q)
+    # the units' mean path and queue: colocated units and one P/D role's units cover one batch
+    # together (only one mode serves), so S T >= their t-weighted sum, and S (sum of Q) likewise
+    units = p.roles[0].units if p.roles[0].units == p.roles[1].units == p.roles[2].units else None
+    if units is not None:
+        for r in (1, 2):
+            if means_t[0] or means_t[r]:
+                lm.row([(T, units)] + means_t[0] + means_t[r], 0, INF)
+        qs = [(Q, units) for Q in queues if Q is not None]
+        if qs and (means_q[0] or means_q[1] or means_q[2]):
+            lm.row(qs + means_q[0] + means_q[1] + means_q[2], 0, INF)
     if p.fixed_pd is not None:
         lm.row(role_terms[1], p.fixed_pd[0], p.fixed_pd[0])
         lm.row(role_terms[2], p.fixed_pd[1], p.fixed_pd[1])
@@ -503,7 +494,13 @@ def solve_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worker
     sol = read_back(lm, raw, len(p.groups))
     if raw.values is None:
         return Solution(sol.status, tuple(tuple(0 for _ in g.slots) for g in p.groups), 0, 0, sol.best_bound_ms, sol.solve_ms, backend)  # type: ignore[arg-type]
-    return sol
+    # T, Q and the units are auxiliary: the layout x fixes the objective. CBC may leave them
+    # above their minimum within its tolerances, so the objective is recomputed from x
+    obj = evaluate_mixed(p, sol.x)
+    if obj is None:
+        return replace(sol, status="no_solution")
+    completion = completion_ms(p, sol.x)
+    return replace(sol, objective_ms=obj, completion_ms=completion or 0, best_bound_ms=min(sol.best_bound_ms, float(obj)))
 
 
 def _contradiction(p: MixedProblem, backend: str) -> Solution | None:
@@ -512,3 +509,39 @@ def _contradiction(p: MixedProblem, backend: str) -> Solution | None:
         return None
     return Solution("infeasible", tuple(tuple(0 for _ in g.slots) for g in p.groups), 0, 0, -math.inf, 0.0, backend, "policy")  # type: ignore[arg-type]
 
+
+
+def split_mixed(g: MixedGroup, v: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """Per-node counts of a class total `v` at the class's transition cost.
+
+    Survivors stay; a slot's surplus leaves node by node; freed room on a node is refilled
+    first by another role of the same TP (a switch there), then new instances go largest TP
+    first where there is room (powers of two that divide the node pack exactly)."""
+    n_slots = len(g.slots)
+    if all(v[i] == g.total_cur(i) for i in range(n_slots)):
+        return [(node, g.cur) for node in g.nodes]
+    per = [list(g.cur) for _ in g.nodes]
+    for i in range(n_slots):
+        extra, k = g.total_cur(i) - v[i], 0
+        while extra > 0:
+            if per[k % g.mult][i] > 0:
+                per[k % g.mult][i] -= 1
+                extra -= 1
+            k += 1
+    need = [max(0, v[i] - g.total_cur(i)) for i in range(n_slots)]
+    freed = [[g.cur[i] - per[n][i] for i in range(n_slots)] for n in range(g.mult)]
+    for n in range(g.mult):
+        for i in range(n_slots):
+            for j in range(n_slots):
+                while need[i] and freed[n][j] and g.slots[j][1] == g.slots[i][1] and i != j:
+                    per[n][i] += 1
+                    freed[n][j] -= 1
+                    need[i] -= 1
+    for i in sorted(range(n_slots), key=lambda i: -g.slots[i][1]):
+        for n in range(g.mult):
+            while need[i] and sum(t * c for (_, t), c in zip(g.slots, per[n])) + g.slots[i][1] <= g.cap:
+                per[n][i] += 1
+                need[i] -= 1
+    if any(need):
+        raise AssertionError(f"class of {g.mult} nodes cannot host {v}: folding was not exact")
+    return [(node, tuple(c)) for node, c in zip(g.nodes, per)]

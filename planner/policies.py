@@ -23,8 +23,8 @@ import numpy as np
 from models.predictor import best_split
 from planner.decision import Decision, SolverProof
 from planner.inputs import PlanningInputs
-from planner.milp import Options, PlanningProblem, borrow_window_open, build_problem, evaluate, remaining_fraction
-from planner.solve import decision_from, solve_step
+from planner.milp import Options, borrow_window_open, remaining_fraction
+from planner.solve import build_any, current_x, decision_for, evaluate_any, solve_step
 from planner.state import ClusterState
 from planner.transition import TransitionPlan, build_plan
 
@@ -52,10 +52,6 @@ class PlanningError(RuntimeError):
     def __init__(self, message: str, status: str = "infeasible") -> None:
         super().__init__(message)
         self.status = status
-
-
-def _current_x(problem: PlanningProblem) -> tuple[tuple[int, int, int], ...]:
-    return tuple((g.total_cur(0), g.total_cur(1), g.total_cur(2)) for g in problem.groups)
 
 
 def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None):
@@ -138,13 +134,13 @@ class PearlPolicy:
 
     def _keep_on_timeout(self, state: ClusterState, inputs: PlanningInputs, now_s: float, exc: PlanningError) -> Step:
         """The time limit passed with no solution at all: keep the current configuration if it is feasible."""
-        problem = build_problem(state, inputs, now_s, self._options(state, inputs, borrow=False))
-        x_cur = _current_x(problem)
-        obj = evaluate(problem, x_cur)
+        problem = build_any(state, inputs, now_s, self._options(state, inputs, borrow=False))
+        x_cur = current_x(problem)
+        obj = evaluate_any(problem, x_cur)
         if obj is None:
             raise exc
         proof = SolverProof("no_solution", float(obj), float("-inf"), float("inf"), 0.0, self.backend or inputs.solver.backend)
-        keep = replace(decision_from(problem, x_cur, proof), applied=False, reason="solver time limit without a solution: kept the current configuration")
+        keep = replace(decision_for(problem, x_cur, proof), applied=False, reason="solver time limit without a solution: kept the current configuration")
         return Step(keep, build_plan(state, keep, inputs, now_s))
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
@@ -180,13 +176,13 @@ class PearlPolicy:
         plan = build_plan(state, cand, inputs, now_s)
         if not self.gate:
             return Step(replace(cand, reason="ungated"), plan)
-        x_cur = _current_x(problem)
+        x_cur = current_x(problem)
         if not any(any(v) for v in x_cur):
             return Step(replace(cand, forced=True, reason="no serving workers: start the optimum"), plan)
-        obj_cur = evaluate(problem, x_cur)
+        obj_cur = evaluate_any(problem, x_cur)
         if obj_cur is None:
             return Step(replace(cand, forced=True, reason="current configuration infeasible: forced switch"), plan)
-        keep = decision_from(problem, x_cur, SolverProof("evaluated", float(obj_cur), float(obj_cur), 0.0, 0.0, "none"))
+        keep = decision_for(problem, x_cur, SolverProof("evaluated", float(obj_cur), float(obj_cur), 0.0, 0.0, "none"))
         if keep.targets == cand.targets:
             return Step(replace(cand, reason="already optimal"), plan)
         if keep.mode != cand.mode:

@@ -7,8 +7,10 @@ from dataclasses import replace
 from planner.backends import solve
 from planner.decision import Decision, GroupTarget, SolverProof
 from planner.inputs import PlanningInputs
-from planner.milp import Options, PlanningProblem, Solution, batch_completion_ms, batch_paths_ms, build_problem, completion_ms, diagnose, group_transition_ms, split_to_nodes
-from planner.state import ClusterState
+from planner import mixed
+from planner.milp import Options, PlanningProblem, Solution, batch_completion_ms, batch_paths_ms, build_problem, completion_ms, diagnose, evaluate, group_transition_ms, split_to_nodes
+from planner.mixed import MixedProblem
+from planner.state import ROLES, ClusterState
 
 
 def decision_from(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...], proof: SolverProof, objective_ms: int | None = None) -> Decision:
@@ -29,6 +31,49 @@ def decision_from(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...],
                     earliest_completion_s=(t_paths or 0) / 1000.0)
 
 
+def mixed_decision_from(problem: MixedProblem, x: tuple[tuple[int, ...], ...], proof: SolverProof, objective_ms: int | None = None) -> Decision:
+    """`decision_from` for a mixed layout: targets carry (role, TP, instances) per node."""
+    t = mixed.completion_ms(problem, x)
+    t_batch, t_paths = mixed.batch_completion_ms(problem, x), mixed.batch_paths_ms(problem, x)
+    trans = sum(mixed.group_transition_ms(g, v) for g, v in zip(problem.groups, x)) + problem.constant_ms
+    targets, lent, tot = [], 0, [0, 0, 0]
+    for g, gx in zip(problem.groups, x):
+        for node, v in mixed.split_mixed(g, gx):
+            if not any(v):
+                continue
+            counts = [sum(n for (r, _), n in zip(g.slots, v) if r == role) for role in range(3)]
+            layout = tuple((ROLES[r], tp, n) for (r, tp), n in zip(g.slots, v) if n)
+            targets.append(GroupTarget(node, g.pool, g.gpu_type, *counts, layout=layout))
+            lent += sum(tp * n for (_, tp), n in zip(g.slots, v)) if g.pool == "training" else 0
+            tot = [a + b for a, b in zip(tot, counts)]
+    mode = "colocated" if tot[0] > 0 else "disaggregated"
+    obj = (t or 0) + trans if objective_ms is None else objective_ms
+    return Decision(mode, tot[0], tot[1], tot[2], tuple(targets), (t_batch or 0) / 1000.0, trans / 1000.0, int(obj), proof, lent,  # type: ignore[arg-type]
+                    earliest_completion_s=(t_paths or 0) / 1000.0)
+
+
+def build_any(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem | MixedProblem:
+    """The program of this step: the mixed one when the inputs carry per-(role, type, TP) tables."""
+    return mixed.build_mixed_problem(state, inputs, now_s, options) if inputs.mixed else build_problem(state, inputs, now_s, options)
+
+
+def current_x(problem: PlanningProblem | MixedProblem) -> tuple[tuple[int, ...], ...]:
+    """The current instances as an assignment of `problem`."""
+    if isinstance(problem, MixedProblem):
+        return tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in problem.groups)
+    return tuple((g.total_cur(0), g.total_cur(1), g.total_cur(2)) for g in problem.groups)
+
+
+def evaluate_any(problem: PlanningProblem | MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
+    return mixed.evaluate_mixed(problem, x) if isinstance(problem, MixedProblem) else evaluate(problem, x)  # type: ignore[arg-type]
+
+
+def decision_for(problem: PlanningProblem | MixedProblem, x: tuple[tuple[int, ...], ...], proof: SolverProof, objective_ms: int | None = None) -> Decision:
+    if isinstance(problem, MixedProblem):
+        return mixed_decision_from(problem, x, proof, objective_ms)
+    return decision_from(problem, x, proof, objective_ms)  # type: ignore[arg-type]
+
+
 def proof_of(sol: Solution) -> SolverProof:
     return SolverProof(sol.status, float(sol.objective_ms), float(sol.best_bound_ms), sol.gap, sol.solve_ms, sol.backend)  # type: ignore[arg-type]
 
@@ -37,6 +82,8 @@ def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, option
     """Solve the program; on infeasibility say which constraint family causes it."""
     settings = inputs.solver
     be = backend or settings.backend
+    if inputs.mixed:
+        return _solve_mixed_step(state, inputs, now_s, options, be)
     problem = build_problem(state, inputs, now_s, options)
 
     def run(p: PlanningProblem) -> Solution:
@@ -47,5 +94,23 @@ def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, option
         return problem, sol, decision_from(problem, sol.x, proof_of(sol), sol.objective_ms)
     if sol.status == "infeasible":
         fam = diagnose(problem, lambda relax: build_problem(state, inputs, now_s, replace(options, relax=relax)), run)
+        sol = replace(sol, infeasible_family=fam)
+    return problem, sol, None
+
+
+def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str):
+    """solve_step for mixed layouts; infeasibility is diagnosed by relaxing one family at a time."""
+    settings = inputs.solver
+
+    def run(p: MixedProblem) -> Solution:
+        return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed)
+
+    problem = mixed.build_mixed_problem(state, inputs, now_s, options)
+    sol = run(problem)
+    if sol.status in ("optimal", "feasible"):
+        return problem, sol, mixed_decision_from(problem, sol.x, proof_of(sol), sol.objective_ms)
+    if sol.status == "infeasible" and sol.infeasible_family is None:
+        fam = next((f for f in ("policy", "borrow_window", "memory")
+                    if run(mixed.build_mixed_problem(state, inputs, now_s, replace(options, relax=(f,)))).status in ("optimal", "feasible")), "availability")
         sol = replace(sol, infeasible_family=fam)
     return problem, sol, None

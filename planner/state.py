@@ -154,18 +154,20 @@ class ClusterState:
         return tuple(g for g in self.gpus if g.borrowed)
 
     # ---------------------------------------------------------------- updates (new values)
-    def with_availability(self, pool: PoolName, usable: int) -> "ClusterState":
-        """Make exactly `usable` GPUs of `pool` available (others preempted / absent).
+    def with_availability(self, pool: PoolName, usable: int, gpu_type: str | None = None) -> "ClusterState":
+        """Make exactly `usable` GPUs of `pool` (of `gpu_type` only, if given) available (others
+        preempted / absent).
 
         Keeps GPUs that host workers when it can, so a shrink hits idle GPUs first; workers
         left on GPUs that go away are dropped (they were preempted).
         """
         owner = self.owner_of()
-        pool_gpus = [g for g in self.gpus if g.pool == pool]
+        mine = lambda g: g.pool == pool and (gpu_type is None or g.type == gpu_type)  # noqa: E731
+        pool_gpus = [g for g in self.gpus if mine(g)]
         # prefer GPUs holding workers, then by id (whole nodes stay together in id order)
         order = sorted(pool_gpus, key=lambda g: (g.id not in owner, g.id))
         keep = {g.id for g in order[: max(0, min(usable, len(order)))]}
-        gpus = tuple(replace(g, available=g.id in keep, preempt_notice=False) if g.pool == pool else g for g in self.gpus)
+        gpus = tuple(replace(g, available=g.id in keep, preempt_notice=False) if mine(g) else g for g in self.gpus)
         alive = {g.id for g in gpus if g.available}
         workers = tuple(w for w in self.workers if all(gid in alive for gid in w.gpus))
         return replace(self, gpus=gpus, workers=workers)

@@ -79,35 +79,46 @@ def unit_costs(inputs: PlanningInputs) -> UnitCosts:
     return UnitCosts(dict(c.start_s), c.stop_s, c.switch_s)
 
 
-def match_workers(workers: list[Worker], target: dict[str, int], tp: dict[str, int], pool: str, costs: UnitCosts) -> tuple[dict[str, str | None], dict[str, int]]:
-    """Min-cost assignment of a node group's workers to its target slots.
+Slot = tuple[str, int]  # (role, TP degree)
 
-    Returns worker id -> new role (None: stop) and the unfilled slots per role (starts).
-    Keeping a worker in its role is free; switching costs `switch` (same TP only);
-    stopping costs `stop`; every slot left unfilled costs a start.
+
+def match_workers(workers: list[Worker], target: dict[Slot, int], pool: str, costs: UnitCosts) -> tuple[dict[str, str | None], dict[Slot, int]]:
+    """Min-cost assignment of a node group's workers to its target slots (role, TP degree).
+
+    Returns worker id -> new role (None: stop) and the unfilled slots (starts). Keeping a
+    worker in its role is free; switching costs `switch` (same TP only: a TP change is a stop
+    and a start); stopping costs `stop`; every slot left unfilled costs a start.
     """
-    slots = [r for r in ROLES for _ in range(target.get(r, 0))]
+    order = sorted(target, key=lambda s: (ROLES.index(s[0]), s[1]))  # type: ignore[arg-type]
+    slots = [s for s in order for _ in range(target[s])]
     n, m = len(workers), len(slots)
     if n == 0:
-        return {}, {r: target.get(r, 0) for r in ROLES}
+        return {}, dict(target)
     cost = np.full((n, m + n), 0.0)
     for i, w in enumerate(workers):
-        for j, r in enumerate(slots):
-            if w.tp != tp[r]:
+        for j, (r, t) in enumerate(slots):
+            if w.tp != t:
                 cost[i, j] = BIG
             else:
                 cost[i, j] = (0.0 if w.role == r else costs.switch) - costs.start[pool]
         cost[i, m:] = costs.stop
     rows, cols = linear_sum_assignment(cost)
     out: dict[str, str | None] = {}
-    filled = {r: 0 for r in ROLES}
+    filled = {s: 0 for s in target}
     for i, j in zip(rows, cols):
         if j < m and cost[i, j] < BIG / 2:
-            out[workers[i].id] = slots[j]
+            out[workers[i].id] = slots[j][0]
             filled[slots[j]] += 1
         else:
             out[workers[i].id] = None
-    return out, {r: target.get(r, 0) - filled[r] for r in ROLES}
+    return out, {s: target[s] - filled[s] for s in target}
+
+
+def allowed_degrees(inputs: PlanningInputs) -> dict[str, set[int]]:
+    """The TP degrees each role may run at: the one per role, or every degree of a mixed layout."""
+    if inputs.mixed:
+        return {r: {v.tp for v in inputs.variants if v.role == r} for r in ROLES}
+    return {r: {inputs.tp(r)} for r in ROLES}
 
 
 def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, now_s: float, costs: UnitCosts | None = None) -> TransitionPlan:
@@ -122,9 +133,10 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
     costs = costs or unit_costs(inputs)
     c = inputs.costs
     tp = {r: inputs.tp(r) for r in ROLES}
+    degrees = allowed_degrees(inputs)
     lendable = borrow_window_open(state, inputs, now_s)
     deadline = state.trainer.next_needs_gpus_at_s
-    targets = {t.key: {r: t.count(r) for r in ROLES} for t in decision.targets}
+    targets = {t.key: t.slots(tp) for t in decision.targets}
     by_group: dict[tuple[str, str, str], list[Worker]] = {}
     forced: list[Worker] = []  # must leave: lost GPU, preemption notice, wrong TP, recalled training GPU
     for w in state.workers:
@@ -133,7 +145,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
         key = state.group_key_of(w)
         usable = all(state.gpu(g).usable for g in w.gpus)
         recalled = key[1] == "training" and not lendable and key not in targets
-        if not usable or w.tp != tp[w.role] or recalled:
+        if not usable or w.tp not in degrees[w.role] or recalled:
             forced.append(w)
         else:
             by_group.setdefault(key, []).append(w)
@@ -151,7 +163,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
     groups = {g.key: g for g in state.groups()}
     for key in sorted(set(by_group) | set(targets)):
         ws = sorted(by_group.get(key, []), key=lambda w: (-w.weight_version, w.id))
-        assign, need = match_workers(ws, targets.get(key, {}), tp, key[1], costs)
+        assign, need = match_workers(ws, targets.get(key, {}), key[1], costs)
         for w in ws:
             new = assign[w.id]
             if new is None:
@@ -164,10 +176,10 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
         ids = grp.gpu_ids if grp else ()
         free = [g for g in ids if state.gpu(g).usable and g not in owner]
         free += [g for g in ids if g in leaving_here and state.gpu(g).usable]
-        for r in sorted(ROLES, key=lambda r: -tp[r]):
-            for _ in range(need[r]):
-                gpus, free = tuple(free[: tp[r]]), free[tp[r] :]
-                if len(gpus) < tp[r]:
+        for r, t in sorted(need, key=lambda s: (-s[1], ROLES.index(s[0]))):  # type: ignore[arg-type]
+            for _ in range(need[(r, t)]):
+                gpus, free = tuple(free[:t]), free[t:]
+                if len(gpus) < t:
                     raise ValueError(f"decision puts more {r} instances on {key[0]} than its usable GPUs hold")
                 starts.append((key, r, gpus, tuple(sorted({owner[g] for g in gpus if g in owner}))))
     # stops of leaving workers (urgent ones first, no waiting)

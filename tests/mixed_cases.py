@@ -89,12 +89,11 @@ def undominated(points: list[tuple[int, int, int]]) -> list[tuple[int, int, int]
 def mixed_oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0, options: object | None = None) -> int | None:
     """Best objective (ms) over every per-node layout of (role, TP) instances; None if none is feasible.
 
-    Completion of a layout, per role: levels are the (t, q) points some configured kind (GPU
-    type, TP; used here or not) reaches alone with k instances (priced for the work left, in whole ms; points a kind's own
-    fewer-instance point matches or beats are not levels); a kind needs the fewest k whose
-    point is no worse in t and q; a layout meets a level if sum over kinds of
-    N_kind * ceil(S / need) >= S, S = 4^ceil(log2 K) with K the role's largest table. The
-    role's path is the best level met; disaggregated = max(prefill t, decode t) + prefill q.
+    Completion of a layout, per role: every kind (GPU type, TP) runs at one row (k, t, q) of its
+    table (priced for the work left, in whole ms) or idles; the router gives it at most
+    floor(S N_kind / k) of a batch's S units (S = 64 x the power of two >= K, K the role's
+    largest table); if the units cover S the role meets T = the largest t and Q = the largest
+    q of the serving kinds. Colocated = T + Q; disaggregated = max(prefill T, decode T) + queues.
     """
     modes = tuple(getattr(options, "modes", ("colocated", "disaggregated")))
     fixed_pd = getattr(options, "fixed_pd", None)
@@ -174,27 +173,31 @@ def mixed_oracle(state: ClusterState, inputs: PlanningInputs, now_s: float = 0.0
                     nxt[key] = v
         combos = nxt
 
-    def levels(r: int, kinds: list[tuple[str, int]]) -> tuple[list[tuple[int, int, list[int]]], int]:
-        """Levels from every configured kind of the role (used or not); needs of `kinds`."""
-        pts = {}
-        for typ, tp in sorted((ty, tp) for ro, ty, tp in tables if ro == ROLES[r]):
-            tab = tables[(ROLES[r], typ, tp)]
-            qs = tab.queue if tab.queue is not None else np.zeros(tab.seconds.shape[0])
-            raw = [(k, _ms(float(tab.seconds[k])), _ms(float(qs[k]))) for k in range(1, tab.seconds.shape[0]) if math.isfinite(tab.seconds[k])]
-            priced = [(k, int(round(share * t)), int(round(share * q))) for k, t, q in raw]
-            pts[(typ, tp)] = undominated(priced)
-        big = max(tables[(ROLES[r], typ, tp)].seconds.shape[0] - 1 for typ, tp in pts)
-        units = 4 ** max(0, math.ceil(math.log2(max(big, 1))))
-        out = []
-        for t, q in sorted({(t, q) for ps in pts.values() for _, t, q in ps}):
-            need = [min((k for k, tt, qq in pts[kd] if tt <= t and qq <= q), default=0) for kd in kinds]
-            out.append((t, q, need))
-        return out, units
+    def entries(r: int, kind: tuple[str, int]) -> list[tuple[int, int, int]]:
+        """(k, t, q) of every finite row of the kind's table, priced for the work left, in whole ms."""
+        tab = tables[(ROLES[r], *kind)]
+        qs = tab.queue if tab.queue is not None else np.zeros(tab.seconds.shape[0])
+        return [(k, int(round(share * _ms(float(tab.seconds[k])))), int(round(share * _ms(float(qs[k])))))
+                for k in range(1, tab.seconds.shape[0]) if math.isfinite(tab.seconds[k])]
 
     def role_best(r: int, counts: dict) -> list[tuple[int, int]]:
-        kinds = sorted(counts)
-        lv, units = levels(r, kinds)
-        return [(t, q) for t, q, need in lv if sum(counts[kd] * -(-units // nd) for kd, nd in zip(kinds, need) if nd) >= units]
+        """Every (T, Q) the layout meets: each kind runs at one entry with t <= T and q <= Q (the
+        fewest instances of those: the largest share) or idles; its units floor(S N / k) cover S."""
+        big = max(tables[k].seconds.shape[0] - 1 for k in tables if k[0] == ROLES[r])
+        units = 64 * 2 ** max(0, math.ceil(math.log2(max(big, 1))))
+        rows = {kd: entries(r, kd) for kd in counts}
+        ts = sorted({t for e in rows.values() for _, t, _ in e})
+        qs = sorted({q for e in rows.values() for _, _, q in e})
+        met = []
+        for t_max in ts:
+            for q_max in qs:
+                got = 0
+                for kd, n in counts.items():
+                    k = min((k for k, t, q in rows[kd] if t <= t_max and q <= q_max), default=0)
+                    got += (units * n) // k if k else 0
+                if got >= units:
+                    met.append((t_max, q_max))
+        return met
 
     best = None
     for (tot, gpus_used), cost in combos.items():

@@ -115,9 +115,56 @@ def test_best_layout_uses_two_tp_degrees_at_once() -> None:
 
 
 def test_one_kind_alone_is_exact_at_every_count() -> None:
-    """S >= K^2: with one kind, meeting a level by shares is exactly N >= need (no rounding gain)."""
+    """floor(S N / k) >= S exactly when N >= k: one kind is predicted as the homogeneous table."""
     for k_max in (1, 2, 7, 64, 4096):
         units = share_units(k_max)
-        for need in {n for n in (1, 2, 3, k_max // 2, k_max - 1, k_max) if 1 <= n <= k_max}:
-            share = -(-units // need)
-            assert share * need >= units and share * (need - 1) < units, (k_max, need)
+        for k in {n for n in (1, 2, 3, k_max // 2, k_max - 1, k_max) if 1 <= n <= k_max}:
+            assert (units * k) // k >= units and (units * (k - 1)) // k < units, (k_max, k)
+
+
+# ------------------------------------------------------------------------------------------- plans
+def test_mixed_plan_costs_what_the_solver_priced_and_lands_on_the_decision() -> None:
+    from planner import mixed
+    from planner.solve import solve_step
+    from planner.transition import apply_plan, build_plan, plan_cost_ms
+
+    checked = 0
+    for i, (state, inputs, want) in enumerate(cases()[:120]):
+        if want is None:
+            continue
+        problem, sol, decision = solve_step(state, inputs, 0.0, backend="cbc")
+        plan = build_plan(state, decision, inputs, 0.0)
+        recomputed = mixed.completion_ms(problem, sol.x) + plan_cost_ms(plan, state, inputs, problem.cost_gpus)
+        assert recomputed == sol.objective_ms == want, (i, recomputed, sol.objective_ms, want)
+        after = apply_plan(state, plan)
+        got: dict[tuple[str, str, int], int] = {}
+        for w in after.workers:
+            if not w.draining:
+                key = (after.gpu(w.gpus[0]).node, w.role, w.tp)
+                got[key] = got.get(key, 0) + 1
+        assert got == {(t.node, r, tp): n for t in decision.targets for r, tp, n in t.layout}, i
+        checked += 1
+    assert checked >= 60, checked
+
+
+def test_a_tp_change_on_the_same_gpus_is_a_stop_and_a_start() -> None:
+    """Two decode TP1 workers on a 2-GPU node; the tables make one TP2 decode instance better:
+    the plan stops both and starts a TP2 engine on their GPUs (no role switch across degrees)."""
+    from planner.solve import solve_step
+    from planner.state import Worker
+    from planner.transition import build_plan
+
+    tabs = (RoleTable("colocated", 1, np.array([np.inf, 500.0, 400.0]), gpu_type="H800"),
+            RoleTable("colocated", 2, np.array([np.inf, 100.0]), gpu_type="H800"))
+    _, base = two_degree_case()
+    inputs = replace(base, variants=tabs, colocated=tabs[0])
+    gpus = tuple(GPU(f"n/{i}", "n", "H800", "rollout") for i in range(2))
+    workers = (Worker("a", "colocated", ("n/0",), 1), Worker("b", "colocated", ("n/1",), 1))
+    state = ClusterState(gpus, workers, TrainerPhase("training", 0.0))
+    _, sol, decision = solve_step(state, inputs, 0.0, backend="cpsat")
+    assert decision.layout_by_type() == {"H800": {"colocated": {2: 1}}}
+    plan = build_plan(state, decision, inputs, 0.0)
+    kinds = sorted(a.kind for a in plan.actions if a.kind in ("stop", "start", "switch_role"))
+    assert kinds == ["start", "stop", "stop"], kinds
+    start = next(a for a in plan.actions if a.kind == "start")
+    assert set(start.gpus) == {"n/0", "n/1"} and plan.role_changes == 0
