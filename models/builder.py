@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ConfigError, ExperimentSpec, pd_profile_path, profile_path
+from models.config import ConfigError, ExperimentSpec, default_profile_name, pd_profile_path, profile_path
 from models.predictor import RolloutPredictor, batch_shape
 from models.step_latency import EngineProfile, StepLatencyModel, load_profile
 from models.transition import TransitionCosts, transition_costs
@@ -24,6 +24,26 @@ class ExperimentModels:
     tp_decode: int
     predictor: RolloutPredictor
     costs: TransitionCosts
+    # mixed clusters (several GPU types, or several TP degrees for a role): one predictor per
+    # (GPU type, TP degree), its three engines on that type's profile; empty otherwise
+    variants: tuple[tuple[str, int, RolloutPredictor], ...] = ()
+    variant_profiles: tuple[tuple[str, str, str], ...] = ()  # (GPU type, profile name, label)
+
+
+def serving_gpu_types(spec: ExperimentSpec) -> list[str]:
+    """GPU types that can host rollout engines (reserved, elastic, lent training), in config order."""
+    out: list[str] = []
+    for group in spec.cluster.nodes:
+        if group.gpu not in out:
+            out.append(group.gpu)
+    return out
+
+
+def is_mixed(spec: ExperimentSpec) -> bool:
+    """Several GPU types, or several TP degrees for some role: the planner needs one table per
+    (role, type, degree) and the mixed program (planner/mixed.py)."""
+    tp = spec.cluster.tp
+    return len(serving_gpu_types(spec)) > 1 or any(len(d) > 1 for d in (tp.colocated, tp.prefill, tp.decode))
 
 
 def rollout_gpu_type(spec: ExperimentSpec) -> str:
@@ -83,7 +103,35 @@ def build_models(spec: ExperimentSpec, batch: int | None = None, profile: Engine
         kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
     )
     costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))
-    return ExperimentModels(spec, profile, gpu, tc, tpp, tpd, predictor, costs)
+    variants, labels = variant_predictors(spec, predictor, profile, pd, speed) if is_mixed(spec) else ((), ())
+    return ExperimentModels(spec, profile, gpu, tc, tpp, tpd, predictor, costs, variants, labels)
+
+
+def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: EngineProfile, pd: EngineProfile,
+                       speed: float) -> tuple[tuple[tuple[str, int, RolloutPredictor], ...], tuple[tuple[str, str, str], ...]]:
+    """One predictor per (GPU type, TP degree) of a mixed cluster.
+
+    The rollout type keeps the experiment's profiles; every other type reads its own
+    (`<type>-<model>.json`, measured or datasheet-derived as its label says; load_experiment
+    checked that it exists). A decode instance's path charges the unloaded prefill and the KV
+    send of a prefill instance of its own type and degree, so each role's table depends on its
+    own kind alone and the program stays separable (a mixed P/D pair is priced as if alike)."""
+    gpu = rollout_gpu_type(spec)
+    tp = spec.cluster.tp
+    degrees = sorted(set(tp.colocated) | set(tp.prefill) | set(tp.decode))
+    out, labels = [], []
+    for typ in serving_gpu_types(spec):
+        if typ == gpu:
+            col, dis = profile, pd
+        else:
+            name = default_profile_name(typ, spec.model_name)
+            col = dis = load_profile(profile_path(spec).with_name(f"{name}.json")).scaled(speed)
+        labels.append((typ, col.name, col.label))
+        for t in degrees:
+            step = StepLatencyModel(spec.model, spec.gpu(typ), t, col)
+            pd_step = StepLatencyModel(spec.model, spec.gpu(typ), t, dis)
+            out.append((typ, t, RolloutPredictor(home.shape, step, pd_step, pd_step, spec.cluster.inter_node_gb_s * t)))
+    return tuple(out), tuple(labels)
 
 
 def rollout_gpu_count(spec: ExperimentSpec, include_elastic: bool = True) -> int:

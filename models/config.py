@@ -492,6 +492,7 @@ class ExperimentSpec(Frozen):
     trace: TraceSpec | None
     seed: Seed
     runtime: RuntimeSpec = RuntimeSpec()
+    elastic_traces: dict[str, TraceSpec] = Field(default_factory=dict)  # per elastic GPU type (mixed clusters)
     pd_profile_name: str | None = None  # P/D instances' profile where one was measured as a pair
     # the experiment-file fields that chose the profiles, so an error about a profile names them
     profile_field: str = "profile"
@@ -527,6 +528,9 @@ class ExperimentFile(Frozen):
     training: TrainingSpec = TrainingSpec()
     policy: PolicySpec = PolicySpec()
     trace: TraceSpec | None = None
+    # mixed clusters: one availability trace per elastic GPU type (`{H20: {path: ...}, A100: ...}`),
+    # each mapped onto that type's elastic GPUs; `trace` then drives none of them
+    elastic_traces: dict[str, TraceSpec] = Field(default_factory=dict)
     seed: Seed = 0
     runtime: RuntimeSpec = RuntimeSpec()
     workload_overrides: dict[str, Any] = Field(default_factory=dict)
@@ -716,6 +720,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     for field, name in named.items():
         if name not in avail:
             raise ConfigError(path, field, name, f"one of {avail}")
+    _check_mixed_profiles(cluster, exp.model, avail, cpath)
     profile_field, pd_profile_field = "profile", None
     if deployed is None:
         profile_name, pd_profile_name = named["profile"], None
@@ -724,14 +729,14 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     else:
         profile_name, pd_profile_name = deployed.colocated, deployed.disaggregated
         profile_field, pd_profile_field = f"profile_by_engines.{engines}.colocated", f"profile_by_engines.{engines}.disaggregated"
-    trace = exp.trace
-    if trace is not None:
-        tpath = Path(trace.path)
-        if not tpath.is_absolute():
-            # relative to the project (configs/..) first, then to where the user runs pearl
-            beside = (root.parent / trace.path).resolve()
-            tpath = beside if beside.exists() or not Path(trace.path).exists() else Path(trace.path).resolve()
-            trace = trace.model_copy(update={"path": str(tpath)})
+    trace = _resolve_trace(exp.trace, root) if exp.trace is not None else None
+    elastic_types = sorted({g.gpu for g in cluster.nodes if g.pool == "elastic"})
+    for typ in exp.elastic_traces:
+        if typ not in elastic_types:
+            raise ConfigError(path, f"elastic_traces.{typ}", typ, f"a GPU type of an elastic node group: one of {elastic_types}")
+    if exp.elastic_traces and exp.trace is not None:
+        raise ConfigError(path, "trace", exp.trace.path, "absent when elastic_traces drives each elastic type")
+    elastic_traces = {typ: _resolve_trace(t, root) for typ, t in exp.elastic_traces.items()}
     return ExperimentSpec(
         name=exp.name,
         source=str(path),
@@ -752,7 +757,17 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         trace=trace,
         seed=exp.seed,
         runtime=exp.runtime,
+        elastic_traces=elastic_traces,
     )
+
+
+def _resolve_trace(trace: TraceSpec, root: Path) -> TraceSpec:
+    """A trace path relative to the project (configs/..) first, then to where the user runs pearl."""
+    if Path(trace.path).is_absolute():
+        return trace
+    beside = (root.parent / trace.path).resolve()
+    tpath = beside if beside.exists() or not Path(trace.path).exists() else Path(trace.path).resolve()
+    return trace.model_copy(update={"path": str(tpath)})
 
 
 def _check_cluster(cluster: ClusterSpec, hardware: HardwareCatalog, cpath: Path) -> None:
@@ -772,6 +787,17 @@ def _check_cluster(cluster: ClusterSpec, hardware: HardwareCatalog, cpath: Path)
     if not any(g.pool in ("rollout", "elastic") for g in cluster.nodes):
         raise ConfigError(cpath, "nodes", sorted({g.pool for g in cluster.nodes}),
                           "at least one node group with pool 'rollout' or 'elastic' (rollout engines run there; training GPUs are only lent)")
+
+
+def _check_mixed_profiles(cluster: ClusterSpec, model: str, avail: list[str], cpath: Path) -> None:
+    """Every GPU type beside the rollout one is planned with its own profile (`<type>-<model>`,
+    measured or datasheet-derived): a type without one cannot be predicted, so it is refused."""
+    home = rollout_gpu(cluster)
+    for i, group in enumerate(cluster.nodes):
+        if group.gpu != home and default_profile_name(group.gpu, model) not in avail:
+            have = sorted(n.split("-", 1)[0].upper() for n in avail if n.endswith(f"-{model.lower()}"))
+            raise ConfigError(cpath, f"nodes.{i}.gpu", group.gpu, f"a GPU type with a profile for {model} "
+                              f"(configs/profiles/<type>-{model.lower()}.json): one of {have}")
 
 
 def _check_load_changes(exp: ExperimentFile, workload: WorkloadSpec, path: Path) -> None:

@@ -165,7 +165,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
     spec = models.spec
     p = models.predictor
 
-    def tab(role: str, tp: int) -> RoleTable:
+    def tab(role: str, tp: int, p=p, gpu_type: str = "") -> RoleTable:
         n = np.arange(1, max(max_gpus // tp, 1) + 1)
         queue = None
         if role == "colocated":
@@ -175,7 +175,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
             queue = np.concatenate([[0.0], p.prefill_queue_many(n)])  # priced on the prefill role: separable
         else:
             t = p.decode_path_many(n)[0]
-        return RoleTable(role, tp, np.concatenate([[np.inf], np.asarray(t, dtype=float)]), queue)
+        return RoleTable(role, tp, np.concatenate([[np.inf], np.asarray(t, dtype=float)]), queue, gpu_type)
 
     c = models.costs
     w = weights or spec.costs
@@ -193,4 +193,8 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
     )
     sv = solver or spec.solver
     settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed)
-    return PlanningInputs(tab("colocated", models.tp_colocated), tab("prefill", models.tp_prefill), tab("decode", models.tp_decode), costs, memory, w, settings, p.shape.batch)
+    degrees = spec.cluster.tp
+    variants = tuple(tab(role, t, pred, typ) for typ, t, pred in models.variants for role in ("colocated", "prefill", "decode")
+                     if t in getattr(degrees, role))
+    return PlanningInputs(tab("colocated", models.tp_colocated), tab("prefill", models.tp_prefill), tab("decode", models.tp_decode), costs, memory, w, settings,
+                          p.shape.batch, variants)

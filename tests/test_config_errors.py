@@ -55,6 +55,11 @@ MISTAKES = [
     Mistake("TP not a power of two", CLUSTER, _set(CLUSTER, lambda d: d["tp"].update(prefill=[3])), "tp.prefill", "3", "power of two"),
     Mistake("TP larger than a node", CLUSTER, _set(CLUSTER, lambda d: d["tp"].update(decode=[16])), "tp.decode", "16", "gpus_per_node (8)"),
     Mistake("unknown GPU type", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(gpu="H900")), "nodes.0.gpu", "H900", "'H800'"),
+    Mistake("GPU type without a profile for the model", CLUSTER,
+            _set(CLUSTER, lambda d: d["nodes"].append({"count": 1, "gpus_per_node": 8, "gpu": "cpu", "pool": "elastic"})), "nodes.1.gpu", "cpu", "'H20'"),
+    Mistake("elastic trace for a GPU type with no elastic nodes", EXPERIMENT,
+            _set(EXPERIMENT, lambda d: d.update(elastic_traces={"H20": {"path": "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-west-2a_v100_1.json"}})),
+            "elastic_traces.H20", "H20", "elastic node group"),
     Mistake("unknown pool", CLUSTER, _set(CLUSTER, lambda d: d["nodes"][0].update(pool="spot")), "nodes.0.pool", "spot", "'elastic'"),
     Mistake("missing profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile="h900-qwen3-30b-a3b")), "profile", "h900-qwen3-30b-a3b", "h800-qwen3-30b-a3b"),
     Mistake("missing per-engine-count profile", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(profile_by_engines={4: "h800-x4"})), "profile_by_engines.4", "h800-x4", "h800-qwen3-30b-a3b"),
@@ -83,6 +88,16 @@ def test_mistake_gives_one_clear_message(config_tree: Path, mistake: Mistake) ->
     text = str(err)
     assert "\n" not in text
     assert all(part in text for part in (mistake.file.split("/")[-1], mistake.field, mistake.allowed))
+
+
+def test_trace_and_elastic_traces_together(config_tree: Path) -> None:
+    """One trace for the whole elastic pool and one per elastic type would drive the same GPUs twice."""
+    rel = "experiments/mixed-elastic.yaml"
+    edit_yaml(config_tree / rel, lambda d: d.update(trace={"path": "x.json"}))
+    with pytest.raises(ConfigError) as info:
+        load_experiment(config_tree / rel)
+    assert (info.value.field, info.value.value) == ("trace", "x.json") and "absent when elastic_traces" in info.value.allowed
+    assert Path(info.value.file).resolve() == (config_tree / rel).resolve()
 
 
 def test_missing_experiment_file(tmp_path: Path) -> None:
