@@ -101,6 +101,15 @@ class KindTable:
         arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
         return cls(kind, arr[:, 0], arr[:, 1], arr[:, 2])
 
+    def fewest_by_t(self, t_max: np.ndarray) -> np.ndarray:
+        """Per t_max: the fewest instances of an entry with t <= t_max, whatever its queue (0: none)."""
+        if self.k.size == 0:
+            return np.zeros(np.shape(t_max), dtype=np.int64)
+        order = np.argsort(self.t, kind="stable")
+        best = np.minimum.accumulate(self.k[order])
+        i = np.searchsorted(self.t[order], t_max, side="right") - 1
+        return np.where(i >= 0, best[np.maximum(i, 0)], 0)
+
     def keep(self, mask: np.ndarray) -> KindTable:
         return KindTable(self.kind, self.k[mask], self.t[mask], self.q[mask])
 
@@ -301,15 +310,51 @@ def _without(g: MixedGroup, r: int, drop: set[Kind]) -> MixedGroup:
 
 
 def _prune_entries(p: MixedProblem) -> MixedProblem:
-    """Drop entries no optimum can select: an entry's t + q alone is a lower bound on the
-    completion of any layout that runs it, so above the current layout's objective it cannot
-    be chosen (exact)."""
+    """Drop entries no optimum can select (exact):
+    - above: an entry's t + q alone bounds the completion of any layout that runs it, so above
+      the current layout's objective it cannot be chosen;
+    - below: T is at least `_path_floor` (P and D: the larger of both floors: they serve
+      together), so below it only t's place in the order is moot: of those entries one with
+      fewer instances and no longer queue does at least as well (without a queue: the slowest one)."""
     cur = tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)
     ub = evaluate_mixed(p, cur) if any(any(v) for v in cur) else None
-    if ub is None:
-        return p
-    roles = tuple(RoleKinds(tuple(kt.keep(kt.t + kt.q + p.constant_ms <= ub) for kt in rk.kinds), rk.units) for rk in p.roles)
-    return MixedProblem(p.groups, roles, p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
+    floors = [_path_floor(p, r) for r in range(3)]
+    floors = [floors[0], max(floors[1], floors[2]), max(floors[1], floors[2])]
+    roles = []
+    for rk, floor in zip(p.roles, floors):
+        kinds = []
+        for kt in rk.kinds:
+            keep = np.ones(kt.k.size, dtype=bool) if ub is None else kt.t + kt.q + p.constant_ms <= ub
+            below = np.flatnonzero(keep & (kt.t < floor))
+            best_q = None
+            for i in below[np.argsort(kt.k[below], kind="stable")]:  # fewest instances first: keep while the queue falls
+                if best_q is not None and kt.q[i] >= best_q:
+                    keep[i] = False
+                else:
+                    best_q = kt.q[i]
+            kinds.append(kt.keep(keep))
+        roles.append(RoleKinds(tuple(kinds), rk.units))
+    return MixedProblem(p.groups, tuple(roles), p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
+
+
+def _path_floor(p: MixedProblem, r: int) -> int:
+    """A lower bound on role r's path T: the smallest entry time at which the usable GPUs, each
+    at its group's best units per GPU for that time, could cover the batch (queues ignored)."""
+    rk = p.roles[r]
+    cands = np.unique(np.concatenate([kt.t for kt in rk.kinds] + [np.zeros(0, dtype=np.int64)]))
+    if cands.size == 0:
+        return 0
+    index = rk.index()
+    per_kind = {kt.kind: np.where((k := kt.fewest_by_t(cands)) > 0, rk.units / np.maximum(k, 1), 0.0) for kt in rk.kinds}
+    total = np.zeros(cands.size)
+    for g in p.groups:
+        rate = np.zeros(cands.size)
+        for i, (ro, t) in enumerate(g.slots):
+            if ro == r and g.ub(i) and (g.gpu_type, t) in index:
+                rate = np.maximum(rate, per_kind[(g.gpu_type, t)] / t)
+        total += rate * g.total_cap
+    ok = np.flatnonzero(total >= rk.units)
+    return int(cands[ok[0]]) if ok.size else int(cands[-1])
 
 
 # ------------------------------------------------------------------------------------- evaluation
