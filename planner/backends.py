@@ -43,6 +43,24 @@ class LinearModel:
         if c:
             self.obj[v] = self.obj.get(v, 0) + c
 
+    def policy_rows(self, prefill: list[tuple[int, int]], decode: list[tuple[int, int]], gpus: list[tuple[int, int]],
+                    fixed_pd: tuple[int, int] | None, max_gpus: int | None) -> None:
+        """A fixed P:D (exact instance counts) and a cap on the GPUs all instances occupy."""
+        if fixed_pd is not None:
+            self.row(prefill, fixed_pd[0], fixed_pd[0])
+            self.row(decode, fixed_pd[1], fixed_pd[1])
+        if max_gpus is not None:
+            self.row(gpus, -INF, max_gpus)
+
+    def flow(self, name: str, x: int, ub: int, cur: int, start_ms: int, stop_ms: int) -> tuple[int, int]:
+        """Starts d and stops s of instances x from `cur` current ones (d - s = x - cur), priced."""
+        d = self.var(f"d[{name}]", 0, ub)
+        s = self.var(f"s[{name}]", 0, cur)
+        self.row([(d, 1), (s, -1), (x, -1)], -cur, -cur)
+        self.cost(d, start_ms)
+        self.cost(s, stop_ms)
+        return d, s
+
 
 INF = math.inf
 
@@ -75,12 +93,7 @@ def linear_model(p: PlanningProblem) -> LinearModel:
             if g.cur[r] == 0 and not any(g.cur):
                 lm.cost(v, g.start_ms[r])
                 continue
-            d = lm.var(f"d[{gi},{r}]", 0, ub)
-            s = lm.var(f"s[{gi},{r}]", 0, g.total_cur(r))
-            ds[r], ss[r] = d, s
-            lm.row([(d, 1), (s, -1), (v, -1)], -g.total_cur(r), -g.total_cur(r))
-            lm.cost(d, g.start_ms[r])
-            lm.cost(s, g.stop_ms[r])
+            ds[r], ss[r] = lm.flow(f"{gi},{r}", v, ub, g.total_cur(r), g.start_ms[r], g.stop_ms[r])
         if cap_terms:
             lm.row(cap_terms, -INF, g.total_cap)
         for roles in classes:
@@ -130,11 +143,7 @@ def linear_model(p: PlanningProblem) -> LinearModel:
         # N_r >= sum k y_k ; T >= sum t_k y_k
         lm.row(role_vars[r] + [(y, -k) for y, k, _ in ys if k], 0, INF)
         lm.row([(T, 1)] + [(y, -t) for y, _, t in ys if t], 0, INF)
-    if p.fixed_pd is not None:
-        lm.row(role_vars[1], p.fixed_pd[0], p.fixed_pd[0])
-        lm.row(role_vars[2], p.fixed_pd[1], p.fixed_pd[1])
-    if p.max_gpus is not None:
-        lm.row(gpu_terms, -INF, p.max_gpus)
+    lm.policy_rows(role_vars[1], role_vars[2], gpu_terms, p.fixed_pd, p.max_gpus)
     return lm
 
 

@@ -46,12 +46,13 @@ Objective: T + sum_r,k q_ms y + sum_g,r (start_ms d + stop_ms s) - sum_g,c save_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from planner.inputs import Entry, PlanningInputs, RoleTable, pareto_entries
-from planner.state import ROLES, ClusterState, TrainerPhase
+from planner.state import ROLES, ClusterState, GPUGroup, TrainerPhase, Worker
 
 FAMILIES = ("availability", "borrow_window", "memory", "policy")
 
@@ -73,8 +74,27 @@ class Options:
     toggle_in_objective: bool = True
 
 
+class FoldedNodes:
+    """Counts of a class of `nodes` identical nodes: `cap` and `cur` are per node."""
+
+    nodes: tuple[str, ...]
+    cap: int
+    cur: tuple[int, ...]
+
+    @property
+    def mult(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_cap(self) -> int:
+        return self.cap * self.mult
+
+    def total_cur(self, i: int) -> int:
+        return self.cur[i] * self.mult
+
+
 @dataclass(frozen=True)
-class GroupData:
+class GroupData(FoldedNodes):
     """Identical interchangeable-GPU groups folded into one class of `mult` nodes.
 
     Nodes of one pool and type with the same usable count and the same current instances
@@ -93,17 +113,6 @@ class GroupData:
     start_ms: tuple[int, int, int]
     stop_ms: tuple[int, int, int]
     switch_ms: tuple[int, int, int]  # cost of switching INTO role r (drain + restart)
-
-    @property
-    def mult(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def total_cap(self) -> int:
-        return self.cap * self.mult
-
-    def total_cur(self, r: int) -> int:
-        return self.cur[r] * self.mult
 
     def ub(self, r: int, tp: int) -> int:
         return (self.cap // tp) * self.mult if self.allowed[r] else 0
@@ -211,9 +220,9 @@ def borrow_window_open(state: ClusterState, inputs: PlanningInputs, now_s: float
     return state.trainer.phase == "waiting" and now_s <= borrow_window_closes_at(state.trainer, inputs)
 
 
-def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem:
-    """Fold the state into group data and integer costs (pure)."""
-    tp = tuple(inputs.tp(r) for r in ROLES)
+def group_caps(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options) -> list[tuple[GPUGroup, int]]:
+    """Every GPU group with the GPUs the plan may use: usable, not held by a draining worker, in
+    an allowed pool, and training GPUs only inside the borrow window (families relaxed aside)."""
     relax = options.relax
     lendable = borrow_window_open(state, inputs, now_s) and options.allow_borrow
     pools = set(options.pools)
@@ -230,6 +239,34 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
         if grp.pool == "training" and not lendable and "borrow_window" not in relax:
             cap = 0
         raw.append((grp, cap))
+    return raw
+
+
+def current_instances(state: ClusterState, raw: list[tuple[GPUGroup, int]], slot_of: Callable[[Worker, int], object | None],
+                      stop_ms: Callable[[Worker], int]) -> tuple[dict[tuple[str, str, str], dict], int]:
+    """Running (not draining) workers per group and slot, where `slot_of(worker, group cap)` lets
+    them stay on usable GPUs (None: they must stop), and the summed price of those stops."""
+    cur: dict[tuple[str, str, str], dict] = {}
+    constant = 0
+    cap_of = {grp.key: cap for grp, cap in raw}
+    for wk in state.workers:
+        if wk.draining:
+            continue
+        key = state.group_key_of(wk)
+        slot = slot_of(wk, cap_of.get(key, 0)) if all(state.gpu(gid).usable for gid in wk.gpus) else None
+        if slot is not None:
+            cur.setdefault(key, {})[slot] = cur.get(key, {}).get(slot, 0) + 1
+        else:
+            constant += stop_ms(wk)
+    return cur, constant
+
+
+def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem:
+    """Fold the state into group data and integer costs (pure)."""
+    tp = tuple(inputs.tp(r) for r in ROLES)
+    relax = options.relax
+    lendable = borrow_window_open(state, inputs, now_s) and options.allow_borrow
+    raw = group_caps(state, inputs, now_s, options)
     usable = sum(c for _, c in raw)
     # prices spread blocked GPU-seconds over the dedicated (non-training) GPUs, so lending
     # training GPUs does not rescale every other cost: the program with borrowing allowed
@@ -238,23 +275,12 @@ def build_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, opt
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches  # cost per batch of the horizon
     c = inputs.costs
     # current instances per group/role, and the price of the ones that cannot stay
-    cur: dict[tuple[str, str, str], list[int]] = {}
-    constant = 0
-    cap_of = {grp.key: cap for grp, cap in raw}
-    for wk in state.workers:
-        if wk.draining:
-            continue
-        key = state.group_key_of(wk)
-        r = ROLES.index(wk.role)
-        ok = wk.tp == tp[r] and all(state.gpu(gid).usable for gid in wk.gpus) and cap_of.get(key, 0) >= wk.tp
-        if ok:
-            cur.setdefault(key, [0, 0, 0])[r] += 1
-        else:
-            constant += _ms(w * c.stop_s * wk.tp / denom)
+    cur, constant = current_instances(state, raw, lambda wk, cap: ROLES.index(wk.role) if wk.tp == tp[ROLES.index(wk.role)] and cap >= wk.tp else None,
+                                      lambda wk: _ms(w * c.stop_s * wk.tp / denom))
     classes: dict[tuple, list[str]] = {}
     single_tp = len(set(tp)) == 1
     for grp, cap in raw:
-        cu = tuple(cur.get(grp.key, [0, 0, 0]))
+        cu = tuple(cur.get(grp.key, {}).get(r, 0) for r in range(3))
         exact = single_tp or (not any(cu) and all(cap % t == 0 for t in tp))
         key = (grp.pool, grp.type, cap, cu, "" if (exact and options.aggregate) else grp.node)
         classes.setdefault(key, []).append(grp.node)

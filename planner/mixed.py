@@ -48,7 +48,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, read_back, solve_model
 from planner.inputs import Entry, PlanningInputs
-from planner.milp import Options, Solution, _ms, borrow_window_open, price_entries, work_fraction
+from planner.milp import FoldedNodes, Options, Solution, _ms, current_instances, group_caps, price_entries, work_fraction
 from planner.state import ROLES, ClusterState
 
 Slot = tuple[int, int]  # (role index, TP degree)
@@ -56,7 +56,7 @@ Kind = tuple[str, int]  # (GPU type, TP degree)
 
 
 @dataclass(frozen=True)
-class MixedGroup:
+class MixedGroup(FoldedNodes):
     """Interchangeable GPUs (one pool and type; nodes folded when exact, as in milp.GroupData)."""
 
     nodes: tuple[str, ...]
@@ -68,17 +68,6 @@ class MixedGroup:
     start_ms: tuple[int, ...]
     stop_ms: tuple[int, ...]
     switch_ms: tuple[int, ...]
-
-    @property
-    def mult(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def total_cap(self) -> int:
-        return self.cap * self.mult
-
-    def total_cur(self, i: int) -> int:
-        return self.cur[i] * self.mult
 
     def ub(self, i: int) -> int:
         return (self.cap // self.slots[i][1]) * self.mult
@@ -186,22 +175,8 @@ def share_units(largest_table: int) -> int:
 def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> MixedProblem:
     """Fold the state into groups, slots and per-role levels (pure); see the module docstring."""
     relax = options.relax
-    lendable = borrow_window_open(state, inputs, now_s) and options.allow_borrow
-    pools = set(options.pools)
-    if not options.allow_elastic:
-        pools.discard("elastic")
-    if not options.allow_borrow:
-        pools.discard("training")
     tables = {(t.role, t.gpu_type, t.tp): t for t in inputs.variants}
-    held = {gid for wk in state.workers if wk.draining for gid in wk.gpus}
-    raw = []
-    for grp in state.groups():
-        cap = grp.usable - sum(1 for gid in grp.gpu_ids if gid in held and state.gpu(gid).usable)
-        if grp.pool not in pools and "policy" not in relax:
-            cap = 0
-        if grp.pool == "training" and not lendable and "borrow_window" not in relax:
-            cap = 0
-        raw.append((grp, cap))
+    raw = group_caps(state, inputs, now_s, options)
     denom = max(sum(c for grp, c in raw if grp.pool != "training"), 1)
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches
     c = inputs.costs
@@ -214,20 +189,8 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
                     out.append((r, t))
         return tuple(out)
 
-    cur: dict[tuple[str, str, str], dict[Slot, int]] = {}
-    constant = 0
-    cap_of = {grp.key: cap for grp, cap in raw}
-    for wk in state.workers:
-        if wk.draining:
-            continue
-        key = state.group_key_of(wk)
-        slot = (ROLES.index(wk.role), wk.tp)
-        ok = slot in slots_of(key[2], cap_of.get(key, 0)) and all(state.gpu(gid).usable for gid in wk.gpus)
-        if ok:
-            cur.setdefault(key, {}).setdefault(slot, 0)
-            cur[key][slot] += 1
-        else:
-            constant += _ms(w * c.stop_s * wk.tp / denom)
+    cur, constant = current_instances(state, raw, lambda wk, cap: slot if (slot := (ROLES.index(wk.role), wk.tp)) in slots_of(state.gpu(wk.gpus[0]).type, cap) else None,
+                                      lambda wk: _ms(w * c.stop_s * wk.tp / denom))
     classes: dict[tuple, list[str]] = {}
     for grp, cap in raw:
         slots = slots_of(grp.type, cap)
@@ -312,14 +275,13 @@ def _without(g: MixedGroup, r: int, drop: set[Kind]) -> MixedGroup:
 def _prune_entries(p: MixedProblem) -> MixedProblem:
     """Drop entries no optimum can select (exact):
     - above: an entry's t + q alone bounds the completion of any layout that runs it, so above
-      the current layout's objective it cannot be chosen;
-    - below: T is at least `_path_floor` (P and D: the larger of both floors: they serve
-      together), so below it only t's place in the order is moot: of those entries one with
-      fewer instances and no longer queue does at least as well (without a queue: the slowest one)."""
-    cur = tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)
-    ub = evaluate_mixed(p, cur) if any(any(v) for v in cur) else None
-    floors = [_path_floor(p, r) for r in range(3)]
-    floors = [floors[0], max(floors[1], floors[2]), max(floors[1], floors[2])]
+      a feasible layout's objective (the current one, or every GPU colocated at one degree) it
+      cannot be chosen;
+    - below: T is at least `_floors` (prefill and decode share it and the GPUs), so below it
+      only t's place in the order is moot: of those entries one with fewer instances and no
+      longer queue does at least as well (without a queue: the slowest one)."""
+    ub = _upper_bound(p)
+    floors = _floors(p)
     roles = []
     for rk, floor in zip(p.roles, floors):
         kinds = []
@@ -337,24 +299,58 @@ def _prune_entries(p: MixedProblem) -> MixedProblem:
     return MixedProblem(p.groups, tuple(roles), p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
 
 
-def _path_floor(p: MixedProblem, r: int) -> int:
-    """A lower bound on role r's path T: the smallest entry time at which the usable GPUs, each
-    at its group's best units per GPU for that time, could cover the batch (queues ignored)."""
+def _upper_bound(p: MixedProblem) -> int | None:
+    """The best objective of a few feasible layouts: the current one, and every group filled with
+    colocated instances at one degree (the largest that fits where it does not)."""
+    layouts = [tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)]
+    for tp in sorted({t for g in p.groups for r, t in g.slots if r == 0}):
+        x = []
+        for g in p.groups:
+            col = [(t, i) for i, (r, t) in enumerate(g.slots) if r == 0 and t <= max(tp, 1) and g.ub(i)]
+            v = [0] * len(g.slots)
+            if col:
+                t, i = max(col)
+                v[i] = g.ub(i)
+            x.append(tuple(v))
+        layouts.append(tuple(x))
+    values = [v for x in layouts if any(any(c) for c in x) and (v := evaluate_mixed(p, x)) is not None]
+    return min(values) if values else None
+
+
+def _gpu_rates(p: MixedProblem, r: int, cands: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Per group: (usable GPUs, the most units per GPU role r's kinds there carry at each t in `cands`)."""
     rk = p.roles[r]
-    cands = np.unique(np.concatenate([kt.t for kt in rk.kinds] + [np.zeros(0, dtype=np.int64)]))
-    if cands.size == 0:
-        return 0
     index = rk.index()
     per_kind = {kt.kind: np.where((k := kt.fewest_by_t(cands)) > 0, rk.units / np.maximum(k, 1), 0.0) for kt in rk.kinds}
-    total = np.zeros(cands.size)
+    out = []
     for g in p.groups:
         rate = np.zeros(cands.size)
         for i, (ro, t) in enumerate(g.slots):
             if ro == r and g.ub(i) and (g.gpu_type, t) in index:
                 rate = np.maximum(rate, per_kind[(g.gpu_type, t)] / t)
-        total += rate * g.total_cap
-    ok = np.flatnonzero(total >= rk.units)
-    return int(cands[ok[0]]) if ok.size else int(cands[-1])
+        out.append((g.total_cap, rate))
+    return out
+
+
+def _floors(p: MixedProblem) -> tuple[int, int, int]:
+    """Lower bounds on the path T per role: the smallest entry time at which the usable GPUs, each
+    at its best units per GPU for that time, could cover the batch (queues ignored); prefill and
+    decode together: their GPU needs at the best rate anywhere add up to at most all GPUs."""
+    cands = np.unique(np.concatenate([kt.t for rk in p.roles for kt in rk.kinds] + [np.zeros(1, dtype=np.int64)]))
+    units = [rk.units for rk in p.roles]
+    rates = [_gpu_rates(p, r, cands) for r in range(3)]
+
+    def first(ok: np.ndarray) -> int:
+        i = np.flatnonzero(ok)
+        return int(cands[i[0]]) if i.size else int(cands[-1])
+
+    col = first(sum(cap * rate for cap, rate in rates[0]) >= units[0])
+    best = [np.max(np.stack([rate for _, rate in rates[r]]), axis=0) if rates[r] else np.zeros(cands.size) for r in (1, 2)]
+    total = sum(g.total_cap for g in p.groups)
+    with np.errstate(divide="ignore"):
+        need = units[1] / best[0] + units[2] / best[1]
+    pd = first(need <= total)
+    return col, pd, pd
 
 
 # ------------------------------------------------------------------------------------- evaluation
@@ -447,12 +443,7 @@ def mixed_linear_model(p: MixedProblem) -> LinearModel:
             if fresh:
                 lm.cost(v, g.start_ms[i])
                 continue
-            d = lm.var(f"d[{gi},{r},{t}]", 0, g.ub(i))
-            s = lm.var(f"s[{gi},{r},{t}]", 0, g.total_cur(i))
-            ds[i], ss[i] = d, s
-            lm.row([(d, 1), (s, -1), (v, -1)], -g.total_cur(i), -g.total_cur(i))
-            lm.cost(d, g.start_ms[i])
-            lm.cost(s, g.stop_ms[i])
+            ds[i], ss[i] = lm.flow(f"{gi},{r},{t}", v, g.ub(i), g.total_cur(i), g.start_ms[i], g.stop_ms[i])
         if cap_terms:
             lm.row(cap_terms, -INF, g.total_cap)
         for t in sorted({t for _, t in g.slots}):
@@ -522,11 +513,7 @@ def mixed_linear_model(p: MixedProblem) -> LinearModel:
         qs = [(Q, units) for Q in queues if Q is not None]
         if qs and (means_q[0] or means_q[1] or means_q[2]):
             lm.row(qs + means_q[0] + means_q[1] + means_q[2], 0, INF)
-    if p.fixed_pd is not None:
-        lm.row(role_terms[1], p.fixed_pd[0], p.fixed_pd[0])
-        lm.row(role_terms[2], p.fixed_pd[1], p.fixed_pd[1])
-    if p.max_gpus is not None:
-        lm.row(gpu_terms, -INF, p.max_gpus)
+    lm.policy_rows(role_terms[1], role_terms[2], gpu_terms, p.fixed_pd, p.max_gpus)
     return lm
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import replace
 
 import numpy as np
 
 from models.config import CostWeights
 from planner.inputs import MEMORY_UTILIZATION, ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
-from planner.state import GPU, ROLES, ClusterState, TrainerPhase, Worker
-from planner_cases import allowed_pools, borrow_window_is_open, work_share
+from planner.state import GPU, ROLES, ClusterState, TrainerPhase
+from planner_cases import allowed_pools, borrow_window_is_open, random_workers, work_share
 
 TYPES = {"H800": 80.0, "H20": 96.0, "A100": 40.0}
 SPEED = {"H800": 1.0, "H20": 0.45, "A100": 0.6}  # invented relative speeds: only the shapes matter here
@@ -55,23 +54,7 @@ def random_mixed_state(rng: random.Random, inputs: PlanningInputs) -> ClusterSta
         typ = rng.choice(types)
         for i in range(rng.choice([1, 2, 2, 4])):
             gpus.append(GPU(f"n{n}/{i}", f"n{n}", typ, pool, available=rng.random() > 0.1, preempt_notice=rng.random() < 0.08))
-    workers: list[Worker] = []
-    borrowed: set[str] = set()
-    by_node: dict[str, list[GPU]] = {}
-    for g in gpus:
-        by_node.setdefault(g.node, []).append(g)
-    for gs in by_node.values():
-        free = [g for g in gs if g.available]
-        while free and rng.random() < 0.6:
-            role = rng.choice(ROLES)
-            tp = rng.choice([1, 2, 4])
-            if len(free) < tp:
-                break
-            take, free = free[:tp], free[tp:]
-            if take[0].pool == "training":
-                borrowed.update(g.id for g in take)
-            workers.append(Worker(f"w{len(workers)}", role, tuple(g.id for g in take), tp, draining=rng.random() < 0.05))
-    gpus = [replace(g, borrowed=g.id in borrowed) for g in gpus]
+    gpus, workers = random_workers(rng, gpus, 0.6, lambda role: rng.choice([1, 2, 4]))
     trainer = TrainerPhase(rng.choice(["training", "waiting"]), rng.choice([0.0, 1000.0]))
     return ClusterState(tuple(gpus), tuple(workers), trainer, unfinished_fraction=rng.choice([1.0, 1.0, 0.5, 0.1, 0.0]))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -36,6 +37,40 @@ def random_inputs(rng: random.Random, tps: tuple[int, int, int], max_gpus: int =
     return PlanningInputs(tabs[0], tabs[1], tabs[2], costs, memory, w, SolverSettings("cpsat", 10.0, 8, 0), 64)
 
 
+def random_workers(rng: random.Random, gpus: list[GPU], p_more: float, pick_tp: Callable[[str], int]) -> tuple[list[GPU], list[Worker]]:
+    """Workers on free available GPUs, node by node (another with probability `p_more`, its TP
+    from `pick_tp(role)`); training GPUs that host one are marked borrowed."""
+    workers: list[Worker] = []
+    by_node: dict[str, list[GPU]] = {}
+    for g in gpus:
+        by_node.setdefault(g.node, []).append(g)
+    borrowed: set[str] = set()
+    for gs in by_node.values():
+        free = [g for g in gs if g.available]
+        while free and rng.random() < p_more:
+            role = rng.choice(ROLES)
+            tp = pick_tp(role)
+            if len(free) < tp:
+                break
+            take, free = free[:tp], free[tp:]
+            if take[0].pool == "training":
+                borrowed.update(g.id for g in take)
+            workers.append(Worker(f"w{len(workers)}", role, tuple(g.id for g in take), tp, draining=rng.random() < 0.05))
+    return [replace(g, borrowed=g.id in borrowed) for g in gpus], workers
+
+
+def assert_matches_oracle(i: int, backend: str, sol, want: int | None, recomputed: int | None) -> bool:
+    """One case of "every backend equals the oracle": both infeasible, or proven optimal at the
+    oracle's objective, recomputed from the assignment too. True when the case is feasible."""
+    if want is None:
+        assert sol.status == "infeasible", (i, sol)
+        return False
+    assert sol.status == "optimal", (i, sol.status)
+    assert sol.objective_ms == want, (i, backend, sol.objective_ms, want)
+    assert recomputed == want, i
+    return True
+
+
 def random_state(rng: random.Random, tps: tuple[int, int, int]) -> ClusterState:
     gpus: list[GPU] = []
     n_nodes = rng.choice([1, 2, 2, 3])
@@ -44,24 +79,7 @@ def random_state(rng: random.Random, tps: tuple[int, int, int]) -> ClusterState:
         typ = rng.choice(["H800", "H800", "A100"])
         for i in range(rng.choice([1, 2, 4, 4])):
             gpus.append(GPU(f"n{n}/{i}", f"n{n}", typ, pool, available=rng.random() > 0.1, preempt_notice=rng.random() < 0.1))
-    # workers on free available GPUs; training ones must be borrowed
-    workers: list[Worker] = []
-    by_node: dict[str, list[GPU]] = {}
-    for g in gpus:
-        by_node.setdefault(g.node, []).append(g)
-    borrowed: set[str] = set()
-    for node, gs in by_node.items():
-        free = [g for g in gs if g.available]
-        while free and rng.random() < 0.7:
-            role = rng.choice(ROLES)
-            tp = tps[ROLES.index(role)] if rng.random() < 0.9 else rng.choice([1, 2])
-            if len(free) < tp:
-                break
-            take, free = free[:tp], free[tp:]
-            if take[0].pool == "training":
-                borrowed.update(g.id for g in take)
-            workers.append(Worker(f"w{len(workers)}", role, tuple(g.id for g in take), tp, draining=rng.random() < 0.05))
-    gpus = [replace(g, borrowed=g.id in borrowed) for g in gpus]
+    gpus, workers = random_workers(rng, gpus, 0.7, lambda role: tps[ROLES.index(role)] if rng.random() < 0.9 else rng.choice([1, 2]))
     trainer = TrainerPhase(rng.choice(["training", "waiting"]), rng.choice([0.0, 5.0, 1000.0]))
     unfinished = rng.choice([1.0, 1.0, 0.6, 0.25, 0.05, 0.0])  # R/B: fresh, mid-batch, nearly done, complete
     return ClusterState(tuple(gpus), tuple(workers), trainer, unfinished_fraction=unfinished)
