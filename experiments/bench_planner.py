@@ -10,6 +10,11 @@ the state to the plan (including the borrow-gate second solve when the trainer w
 the prediction tables are built once per N (once per refit online) and timed apart.
 Each decision runs inside `runtime.gc_pause.gc_deferred()`, as the runtimes call it.
 
+`--mixed`: three GPU types and TP in {1, 2, 4} for every role (the models of
+configs/experiments/mixed-elastic.yaml: H800 for training and reserved rollout, elastic H20
+and A100 in 4-GPU instances, each elastic type following its own seeded availability), solved
+by the mixed program (planner/mixed.py); writes results/bench_planner_mixed.json.
+
 Writes results/bench_planner.json (one object per GPU count and backend: gpus, backend,
 solve_ms_p50, solve_ms_p95, optimal_fraction, decisions, solver_ms_p95, default) and prints
 a table (also cpu_ms_p95: CPU time of the step, which a busy shared machine inflates less than wall time). The default backend is the one that proves every decision optimal with the lowest
@@ -39,7 +44,7 @@ from models.builder import ExperimentModels, build_models  # noqa: E402
 from models.config import load_experiment  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
-from planner.policies import get_policy  # noqa: E402
+from planner.policies import PlanningError, get_policy  # noqa: E402
 from planner.state import ClusterState, TrainerPhase, initial_state  # noqa: E402
 from planner.transition import apply_plan  # noqa: E402
 from runtime.gc_pause import gc_deferred  # noqa: E402
@@ -55,6 +60,20 @@ def cluster(n: int) -> ClusterState:
         (train // per_train, per_train, "H800", "training"),
         (reserved // per_res, per_res, "H800", "rollout"),
         (elastic // 2, 2, "H800", "elastic"),
+    ], TrainerPhase("training", 0.0))
+
+
+def mixed_cluster(n: int) -> ClusterState:
+    """Half training H800 (8-GPU nodes), an eighth reserved H800, the rest elastic H20 and A100 halves (4-GPU nodes)."""
+    train, reserved = n // 2, max(n // 8, 4)
+    elastic = n - train - reserved
+    h20 = (elastic // 2) // 4 * 4
+    a100 = (elastic - h20) // 4 * 4
+    return initial_state([
+        (max(train // 8, 1), min(8, train), "H800", "training"),
+        (max(reserved // 8, 1), min(8, reserved), "H800", "rollout"),
+        (h20 // 4, 4, "H20", "elastic"),
+        (a100 // 4, 4, "A100", "elastic"),
     ], TrainerPhase("training", 0.0))
 
 
@@ -78,9 +97,12 @@ def events(n: int, count: int, seed: int) -> list[dict]:
 def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[list[float], list[float], list[bool], list[float]]:
     pol = get_policy("pearl", backend)
     total, solver, optimal, cpu = [], [], [], []
-    n_elastic = sum(1 for g in state.gpus if g.pool == "elastic")
+    types = sorted({g.type for g in state.gpus if g.pool == "elastic"})
+    n_elastic = {t: sum(1 for g in state.gpus if g.pool == "elastic" and g.type == t) for t in types}
     for k, ev in enumerate(evs):
-        state = state.with_availability("elastic", int(round(ev["elastic_fraction"] * n_elastic)))
+        for i, t in enumerate(types):  # each elastic type follows its own availability (a phase shift per type)
+            frac = ev["elastic_fraction"] if i == 0 else evs[(k + 7 * i) % len(evs)]["elastic_fraction"]
+            state = state.with_availability("elastic", int(round(frac * n_elastic[t])), t if len(types) > 1 else None)
         if ev["notice_fraction"]:
             nodes = sorted({g.node for g in state.gpus if g.pool == "elastic" and g.available})
             noticed = set(random.Random(k).sample(nodes, int(len(nodes) * ev["notice_fraction"])))
@@ -89,12 +111,16 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
         state = replace(state, trainer=ev["trainer"], unfinished_fraction=ev["unfinished"])
         with gc_deferred():  # as the runtimes make decisions: no GC pass inside one
             t0, c0 = time.perf_counter(), time.process_time()
-            step = pol.decide(state, inputs, 0.0, "availability")
+            try:
+                step = pol.decide(state, inputs, 0.0, "availability")
+            except PlanningError:  # the time limit passed with no layout at all: a failed (not optimal) decision
+                step = None
             total.append((time.perf_counter() - t0) * 1000.0)
             cpu.append((time.process_time() - c0) * 1000.0)
-        solver.append(step.decision.proof.solve_ms)
-        optimal.append(step.decision.proof.status == "optimal")
-        state = apply_plan(state, step.plan)
+        solver.append(step.decision.proof.solve_ms if step else total[-1])
+        optimal.append(step is not None and step.decision.proof.status == "optimal")
+        if step is not None:
+            state = apply_plan(state, step.plan)
         # the noticed GPUs are gone before the next event; everything else carries over
         gone = {g.id for g in state.gpus if g.preempt_notice}
         gpus = tuple(replace(g, available=g.available and g.id not in gone, preempt_notice=False) for g in state.gpus)
@@ -102,7 +128,7 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
     return total, solver, optimal, cpu
 
 
-def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int) -> list[dict]:
+def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False) -> list[dict]:
     """One row per (GPU count, backend): the timings of walking the same seeded events."""
     rows: list[dict] = []
     for n in sizes:
@@ -110,7 +136,7 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
         inputs = planning_inputs(models, n)
         inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0))
         tab_ms = (time.perf_counter() - t0) * 1000.0
-        base = cluster(n)
+        base = mixed_cluster(n) if mixed else cluster(n)
         evs = events(n, n_events, seed)
         for be in backends:
             walk(base, inputs, be, evs[:2])  # warm up imports / solver libraries
@@ -129,21 +155,33 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
     return rows
 
 
+DEFAULT_CONFIG = str(ROOT / "configs/experiments/default.yaml")
+DEFAULT_OUT = str(ROOT / "results/bench_planner.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="16,64,256,1024,4096")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--events", type=int, default=20)
-    ap.add_argument("--config", default=str(ROOT / "configs/experiments/default.yaml"))
-    ap.add_argument("--out", default=str(ROOT / "results/bench_planner.json"))
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
+    ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print {meta, rows} as one JSON object on stdout")
+    ap.add_argument("--mixed", action="store_true", help="three GPU types, TP 1/2/4 per role (configs/experiments/mixed-elastic.yaml's models)")
     args = ap.parse_args()
+    if args.mixed:
+        if args.config == DEFAULT_CONFIG:
+            args.config = str(ROOT / "configs/experiments/mixed-elastic.yaml")
+        if args.out == DEFAULT_OUT:
+            args.out = str(ROOT / "results/bench_planner_mixed.json")
     load_start = os.getloadavg()[0]
     spec = load_experiment(args.config)
     models = build_models(spec)
+    if args.mixed and not models.variants:
+        raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")
     with stdout_to_stderr(args.json):
-        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed)
+        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed, args.mixed)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}
     cands = [r for r in rows if r["gpus"] == largest and r["backend"] in ok] or [r for r in rows if r["gpus"] == largest]
@@ -151,13 +189,15 @@ def main() -> None:
     for r in rows:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default}
+    meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default,
+            "mixed": args.mixed}
     doc = {"meta": meta, "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"full planning step (state -> decision -> plan), pearl policy, {args.events} events per row; default = {default}")
+    kind = "mixed: H800 + H20 + A100, TP 1/2/4 per role, " if args.mixed else ""
+    t = Table(title=f"full planning step (state -> decision -> plan), {kind}pearl policy, {args.events} events per row; default = {default}")
     for c in ("GPUs", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal", "tables ms"):
         t.add_column(c, justify="right")
     for r in rows:

@@ -60,6 +60,8 @@ def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) ->
             ax.step(ex, ey, where="post", color="k", lw=1, label="reserved + elastic GPUs available")
         ax.set_ylabel(f"{name}\nGPUs")
         ax.legend(fontsize=7, loc="upper right", ncol=3)
+        if held := held_layouts(r):  # mixed layouts: what the policy ran per GPU type, longest held
+            ax.set_title(f"{name}: " + ", ".join(f"{ty} {lab}" for ty, lab in held.items()), fontsize=8, loc="left")
     axes[-1].set_xlabel("simulated hours")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,9 @@ def compare(
     if as_json:
         # feasible: the policy found a layout at every decision (else `failure` says why)
         rows = {n: {**{k: r.summary()[k] for k in CONTRACT}, "feasible": r.policy_failures == 0} for n, r in results.items()}
+        for n, r in results.items():
+            if held := held_layouts(r):
+                rows[n]["layout_by_type"] = held
         out = {"policies": rows, "hours": h, "seed": next(iter(results.values())).seed}
         if plot is not None:
             out["plot"] = str(plot)
@@ -135,8 +140,12 @@ def print_table(results: dict[str, SimResult], title: str) -> None:
     failures = any(r.policy_failures for r in results.values())
     t = Table(title=title)
     cols = ["policy", "tokens/s", f"vs {first}", "steps/h", "traj/h", "rollout share", "switches", "lent", "lost", "late returns", "train delay s"]
+    held = {n: held_layouts(r) for n, r in results.items()}
+    mixed = any(held.values())
     if failures:
         cols.append("failed decisions")
+    if mixed:
+        cols.append("roles @ TP per GPU type (longest held)")
     for col in cols:
         t.add_column(col, justify="right" if col != "policy" else "left")
     for n, r in results.items():
@@ -144,5 +153,12 @@ def print_table(results: dict[str, SimResult], title: str) -> None:
         rel = f"{(r.tokens_per_s / base - 1) * 100:+.1f}%" if base else "-"
         cells = [n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]), f"{s['train_delay_s']:.1f}"]
-        t.add_row(*cells, *([failed_cell(r)] if failures else []))
+        t.add_row(*cells, *([failed_cell(r)] if failures else []), *(["; ".join(f"{ty} {lab}" for ty, lab in held[n].items())] if mixed else []))
     Console().print(t)
+
+
+def held_layouts(r: SimResult) -> dict[str, str]:
+    """Mixed layouts: per GPU type, the roles and TP degrees the policy held longest (empty otherwise)."""
+    from runtime.sim.metrics import longest_held_layout
+
+    return longest_held_layout(r.decision_log, r.hours * 3600.0)

@@ -129,13 +129,15 @@ class ClusterSide:
         """The instance's engine (new, or restarted in a new role) begins serving."""
         inst.state = "ready"
         inst.gen += 1
-        inst.engine = Engine(self.cfg[inst.role], t=self.now)
+        node = self.nodes[inst.nid]
+        inst.engine = Engine(self.kind_cfg.get((inst.role, node.gpu, len(inst.slots)), self.cfg[inst.role]), t=self.now)
         self.ready[inst.role].append(inst.iid)
         self._flush()
 
-    def _set_elastic(self, gpus: int) -> None:
-        """Make `gpus` elastic GPUs available: new nodes join in order, preempted ones are drawn at random."""
-        el = [n for n in self.nodes if n.pool == "elastic"]
+    def _set_elastic(self, gpus: int, gpu_type: str | None = None) -> None:
+        """Make `gpus` elastic GPUs (of `gpu_type` only, if given) available: new nodes join in
+        order, preempted ones are drawn at random."""
+        el = [n for n in self.nodes if n.pool == "elastic" and (gpu_type is None or n.gpu == gpu_type)]
         up = [n for n in el if n.available]
         have = sum(n.size for n in up)
         resume: list[int] = []
@@ -157,6 +159,8 @@ class ClusterSide:
                     break
                 node.available = True
                 have += node.size
+        if gpu_type is not None:  # the series counts the whole elastic pool
+            have = sum(n.size for n in self.nodes if n.pool == "elastic" and n.available)
         self.r.elastic_series.append((round(self.now, 1), have))
         self._resume(resume)
 

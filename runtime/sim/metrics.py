@@ -150,3 +150,24 @@ def failure_warning(who: str, failures: int, decisions: int, starts: int, reason
     """The one stderr line for a policy that failed decisions (the tables would only show 0 tokens/s)."""
     none_ran = ", no engine ever ran" if starts == 0 else ""
     return f"pearl: warning: {who} failed {failures} of {decisions} decisions{none_ran}; first failure: {reason or 'no reason given'}"
+
+
+def layout_label(by_type: dict[str, dict[str, dict[int, int]]]) -> dict[str, str]:
+    """Per GPU type: its instances as `<n><role initial>@TP<d>` terms, e.g. {'H20': '3D@TP4'}."""
+    return {ty: " ".join(f"{n}{r[0].upper()}@TP{tp}" for r, by_tp in sorted(roles.items()) for tp, n in sorted(by_tp.items()))
+            for ty, roles in sorted(by_type.items())}
+
+
+def longest_held_layout(decision_log: list, horizon_s: float) -> dict[str, str]:
+    """Per GPU type, the layout (`layout_label`) the applied decisions held longest over the run.
+
+    A decision's layout holds from its time until the next applied decision; mixed layouts only
+    (decisions without `layout_by_type` in their info are not counted)."""
+    applied = [(t, info["layout_by_type"]) for t, _, _, info in decision_log if info.get("applied") and "layout_by_type" in info]
+    held: dict[str, dict[str, float]] = {}
+    for i, (t, by_type) in enumerate(applied):
+        end = applied[i + 1][0] if i + 1 < len(applied) else horizon_s
+        for ty, label in layout_label(by_type).items():
+            held.setdefault(ty, {})
+            held[ty][label] = held[ty].get(label, 0.0) + max(end - t, 0.0)
+    return {ty: max(d.items(), key=lambda kv: kv[1])[0] for ty, d in sorted(held.items())}

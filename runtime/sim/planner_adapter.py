@@ -53,4 +53,6 @@ class PlannerPolicy:
             "status": d.proof.status, "gap": d.proof.gap, "solve_ms": round(d.proof.solve_ms, 2), "reason": d.reason,
             "actions": len(step.plan.actions),
         }
+        if by_type := d.layout_by_type():  # mixed layouts: instances per GPU type, role and TP degree
+            info["layout_by_type"] = by_type
         return PolicyStep(step.plan, d.mode, d.timeline_s, info)

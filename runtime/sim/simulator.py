@@ -80,6 +80,12 @@ class Simulator(RolloutSide, ClusterSide):
         self.costs = models.costs
         self.tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
         self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization, max_batched_tokens=max_batched_tokens) for r in ROLES}  # type: ignore[arg-type]
+        # mixed clusters: one engine per (role, GPU type, TP degree), on that type's profile
+        self.kind_cfg: dict[tuple[str, str, int], EngineConfig] = {(r, models.rollout_gpu, self.tp[r]): self.cfg[r] for r in ROLES}
+        for typ, tp, pred in models.variants:
+            for r in ROLES:
+                engine = pred.colocated_engine if r == "colocated" else pred.prefill_engine
+                self.kind_cfg.setdefault((r, typ, tp), EngineConfig.for_model(engine, r, memory_utilization, max_batched_tokens=max_batched_tokens))  # type: ignore[arg-type]
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
         self.hit = spec.workload.prefix_cache_hit
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
@@ -97,9 +103,16 @@ class Simulator(RolloutSide, ClusterSide):
         self.avail_gpus: list[int] = []
         # scripted availability (runtime/scenarios.py): (virtual seconds, elastic GPUs, after batch or None)
         self.elastic_events = tuple(elastic_events)
-        if availability is not None:
+        self.avail_types: list[str | None] = []  # per availability change: the elastic GPU type it concerns (None: all)
+        if isinstance(availability, dict):  # one trace per elastic GPU type, merged in time order
+            merged = sorted((float(t), typ, int(g)) for typ, tr in availability.items() for t, g in zip(tr.times_s, tr.gpus))
+            self.avail_times = [t for t, _, _ in merged]
+            self.avail_types = [typ for _, typ, _ in merged]
+            self.avail_gpus = [g for _, _, g in merged]
+        elif availability is not None:
             self.avail_times = [float(x) for x in availability.times_s]  # type: ignore[attr-defined]
             self.avail_gpus = [int(x) for x in availability.gpus]  # type: ignore[attr-defined]
+            self.avail_types = [None] * len(self.avail_gpus)
         # dynamic state
         self.now = 0.0
         self.heap: list = []
@@ -139,10 +152,13 @@ class Simulator(RolloutSide, ClusterSide):
 
     # ================================================================== run
     def run(self) -> SimResult:
-        if self.avail_times:  # the pool as the trace has it when the run starts, before the first decision
-            self._set_elastic(self.avail_gpus[0])
-        for i, t in enumerate(self.avail_times[1:], start=1):
-            if t <= self.horizon:
+        # the pool as the trace has it when the run starts, before the first decision (each elastic
+        # type's first entry where one trace drives each type)
+        first = {typ: self.avail_types.index(typ) for typ in dict.fromkeys(self.avail_types)}
+        for typ, i in first.items():
+            self._set_elastic(self.avail_gpus[i], typ)
+        for i, t in enumerate(self.avail_times):
+            if i not in first.values() and t <= self.horizon:
                 self._push(max(t, 0.0), E_TRACE, i)
         for at, gpus, after in self.elastic_events:
             if after is None and at <= 0:  # the pool as the run starts, before the first decision
@@ -179,7 +195,7 @@ class Simulator(RolloutSide, ClusterSide):
             elif kind == E_ACTION:
                 self._action_done(a, b // 2, ok=True, warm=bool(b % 2))
             elif kind == E_TRACE:
-                self._set_elastic(self.avail_gpus[a])
+                self._set_elastic(self.avail_gpus[a], self.avail_types[a])
                 self._consult("availability")
             elif kind == E_TRAIN_DONE:
                 self._train_done()
@@ -207,6 +223,7 @@ class Simulator(RolloutSide, ClusterSide):
     def _availability_at(self, t: float, gpus: int) -> None:
         """A scripted availability change at time t (an E_TRACE event like a trace's: the policy decides)."""
         self.avail_gpus.append(gpus)
+        self.avail_types.append(None)
         self._push(max(t, self.now), E_TRACE, len(self.avail_gpus) - 1)
 
     def _batch_launched(self, j: int) -> None:
