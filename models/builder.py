@@ -81,7 +81,9 @@ def load_profiles(spec: ExperimentSpec) -> tuple[EngineProfile, EngineProfile | 
 
 def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,
                  pd_profile: EngineProfile | None = None, speed: float = 1.0) -> ExperimentModels:
-    """Predictor and transition costs for the experiment (TP: the smallest allowed per role).
+    """Predictor and transition costs for the experiment (`predictor`: the rollout GPU type at the
+    smallest degree allowed per role; a mixed cluster also gets `variants`, one predictor per
+    (GPU type, TP degree), which the planner's mixed program uses).
 
     Colocated instances use `profile` (default: the experiment's); prefill and decode instances
     use `pd_profile` (default: the experiment's P/D profile, else `profile`). `speed` scales both

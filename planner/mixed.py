@@ -121,25 +121,46 @@ class RoleKinds:
         return {kt.kind: i for i, kt in enumerate(self.kinds)}
 
     def options(self, counts: dict[Kind, int]) -> list[tuple[int, int]]:
-        """The (T, Q) pairs, undominated, that a layout with `counts` instances per kind meets."""
+        """The (T, Q) pairs, undominated, that a layout with `counts` instances per kind meets.
+
+        Per queue bound Q (some serving kind's q), the fastest path T (some serving kind's t)
+        whose units cover the batch: units only grow with T, so T is found by bisection, for a
+        block of Q bounds at once (each kind's fewest instances with t <= T and q <= Q is a
+        running minimum over its entries in order of t, masked by q <= Q)."""
         used = [kt for kt in self.kinds if counts.get(kt.kind, 0) > 0 and kt.k.size]
         if not used:
             return []
-        n = np.array([counts[kt.kind] for kt in used], dtype=np.int64)
         ts = np.unique(np.concatenate([kt.t for kt in used]))
         qs = np.unique(np.concatenate([kt.q for kt in used]))
-        tt, qq = np.meshgrid(ts, qs, indexing="ij")  # (T, Q) candidates: some kind's t, some kind's q
-        units = np.zeros(tt.shape, dtype=np.int64)
-        for kt, c in zip(used, n):
-            k = kt.fewest(tt, qq)
-            units += np.where(k > 0, (self.units * c) // np.maximum(k, 1), 0)
-        met = units >= self.units
-        out, best_t = [], None
-        for j, q in enumerate(qs):  # per queue bound, the fastest path met; keep the staircase
-            i = np.flatnonzero(met[:, j])
-            if i.size and (best_t is None or ts[i[0]] < best_t):
-                best_t = int(ts[i[0]])
-                out.append((best_t, int(q)))
+        big = np.iinfo(np.int64).max
+        fastest = np.full(qs.size, ts.size, dtype=np.int64)  # index into ts; ts.size: never met
+        for lo_q in range(0, qs.size, 512):
+            block = qs[lo_q : lo_q + 512]
+            tables = []
+            for kt in used:
+                order = np.argsort(kt.t, kind="stable")
+                k = np.where(kt.q[order][None, :] <= block[:, None], kt.k[order][None, :], big)
+                tables.append((kt.t[order], np.minimum.accumulate(k, axis=1), counts[kt.kind]))
+            lo = np.zeros(block.size, dtype=np.int64)
+            hi = np.full(block.size, ts.size, dtype=np.int64)
+            rows = np.arange(block.size)
+            while np.any(lo < hi):
+                mid = (lo + hi) // 2
+                t_max = ts[np.minimum(mid, ts.size - 1)]
+                units = np.zeros(block.size, dtype=np.int64)
+                for t_sorted, fewest, n in tables:
+                    pos = np.searchsorted(t_sorted, t_max, side="right") - 1
+                    k = np.where(pos >= 0, fewest[rows, np.maximum(pos, 0)], big)
+                    units += np.where(k < big, (self.units * n) // np.maximum(k, 1), 0)
+                met = (units >= self.units) & (lo < hi)
+                hi = np.where(met, mid, hi)
+                lo = np.where(~met & (lo < hi), mid + 1, lo)
+            fastest[lo_q : lo_q + block.size] = lo
+        out, best = [], ts.size
+        for i, q in zip(fastest, qs):  # Q ascending: keep the staircase of falling T
+            if i < best:
+                best = int(i)
+                out.append((int(ts[i]), int(q)))
         return out
 
 
