@@ -99,6 +99,11 @@ class KindTable:
         i = np.searchsorted(self.t[order], t_max, side="right") - 1
         return np.where(i >= 0, best[np.maximum(i, 0)], 0)
 
+    @property
+    def falling(self) -> bool:
+        """t and q both non-increasing with k (so far every shipped table's)."""
+        return bool(np.all(np.diff(self.t) <= 0) and np.all(np.diff(self.q) <= 0))
+
     def keep(self, mask: np.ndarray) -> KindTable:
         return KindTable(self.kind, self.k[mask], self.t[mask], self.q[mask])
 
@@ -134,7 +139,28 @@ class RoleKinds:
         qs = np.unique(np.concatenate([kt.q for kt in used]))
         big = np.iinfo(np.int64).max
         fastest = np.full(qs.size, ts.size, dtype=np.int64)  # index into ts; ts.size: never met
-        for lo_q in range(0, qs.size, 512):
+        if all(kt.falling for kt in used):
+            # t and q both fall with k: the fewest instances meeting (T, Q) is the larger of the
+            # fewest meeting T and the fewest meeting Q (two bisections per kind)
+            def fewest_at(kt: KindTable, values: np.ndarray, of: np.ndarray) -> np.ndarray:
+                i = np.searchsorted(-of, -values, side="left")
+                return np.where(i < kt.k.size, kt.k[np.minimum(i, kt.k.size - 1)], big)
+
+            by_q = [fewest_at(kt, qs, kt.q) for kt in used]
+            lo = np.zeros(qs.size, dtype=np.int64)
+            hi = np.full(qs.size, ts.size, dtype=np.int64)
+            while np.any(lo < hi):
+                mid = (lo + hi) // 2
+                t_max = ts[np.minimum(mid, ts.size - 1)]
+                units = np.zeros(qs.size, dtype=np.int64)
+                for kt, kq in zip(used, by_q):
+                    k = np.maximum(fewest_at(kt, t_max, kt.t), kq)
+                    units += np.where(k < big, (self.units * counts[kt.kind]) // np.maximum(k, 1), 0)
+                met = (units >= self.units) & (lo < hi)
+                hi = np.where(met, mid, hi)
+                lo = np.where(~met & (lo < hi), mid + 1, lo)
+            fastest = lo
+        for lo_q in range(0, qs.size if not all(kt.falling for kt in used) else 0, 512):
             block = qs[lo_q : lo_q + 512]
             tables = []
             for kt in used:

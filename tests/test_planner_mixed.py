@@ -163,3 +163,31 @@ def test_a_tp_change_on_the_same_gpus_is_a_stop_and_a_start() -> None:
     assert kinds == ["start", "stop", "stop"], kinds
     start = next(a for a in plan.actions if a.kind == "start")
     assert set(start.gpus) == {"n/0", "n/1"} and plan.role_changes == 0
+
+
+def test_a_layouts_path_options_equal_the_full_grid() -> None:
+    """RoleKinds.options (bisection; a shortcut when t and q fall with k) equals checking every
+    (T, Q) pair of the serving kinds' entries, on falling and on wobbling tables."""
+    from planner.mixed import KindTable, RoleKinds
+
+    rng = random.Random(11)
+    for case in range(60):
+        kinds = []
+        for j in range(rng.randint(1, 4)):
+            n = rng.randint(1, 12)
+            t = sorted((rng.randint(10, 500) for _ in range(n)), reverse=True)
+            q = sorted((rng.randint(0, 50) for _ in range(n)), reverse=True)
+            if case % 2:  # wobble: undominated rows whose t or q rises
+                t = [v + rng.randint(-30, 30) for v in t]
+            kinds.append(KindTable(("H800", 2**j), np.arange(1, n + 1), np.array(t), np.array(q)))
+        rk = RoleKinds(tuple(kinds), share_units(12))
+        counts = {kt.kind: rng.randint(0, 6) for kt in kinds}
+        used = [kt for kt in kinds if counts[kt.kind]]
+        grid = []
+        for t_max in sorted({int(v) for kt in used for v in kt.t}):
+            for q_max in sorted({int(v) for kt in used for v in kt.q}):
+                units = sum((rk.units * counts[kt.kind]) // int(k) for kt in used if (k := kt.fewest(np.array(t_max), np.array(q_max))) > 0)
+                if units >= rk.units:
+                    grid.append((t_max, q_max))
+        staircase = [p for p in grid if not any(o != p and o[0] <= p[0] and o[1] <= p[1] for o in grid)]
+        assert sorted(rk.options(counts)) == sorted(staircase), case
