@@ -411,6 +411,10 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
     engine["load"] = "pd" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
     if settings.clock == "served":  # engines and requests as the runtime's (runtime/profiling_served.py)
         engine["requests"] = "runtime: sampled at temperature 1 with log-probabilities, streamed"
+        # the engine core's process layout (runtime/ray_runtime/vllm_args.py: executor_backend)
+        from runtime.ray_runtime.vllm_args import executor_backend
+
+        engine["executor"] = "vllm default" if executor_backend(settings.tp) is None else "in-process (uni)"
     return {
         "model_dir": str(settings.model_dir),
         "model": model,

@@ -90,9 +90,10 @@ class ServedProfiler:
         s = self.settings
         deployed = vllm_args.EngineSettings(model=s.model_dir, dtype=s.dtype, max_model_len=s.max_model_len, block_size=s.block_size, enforce_eager=s.enforce_eager, kv_store=self._store, seed=s.seed)
         args = vllm_args.engine_args(deployed, role)  # type: ignore[arg-type]
-        args = dataclasses.replace(args, load_format=s.load_format, tensor_parallel_size=s.tp,
+        args = dataclasses.replace(args, load_format=s.load_format, tensor_parallel_size=s.tp, distributed_executor_backend=vllm_args.executor_backend(s.tp),
                                    max_num_batched_tokens=vllm_args.scheduling_args(deployed, role).get("max_num_batched_tokens", s.max_num_batched_tokens))  # type: ignore[arg-type]
-        return AsyncLLM.from_engine_args(args, stat_loggers=[vllm_args.kv_transfer_logger({"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0})])
+        with vllm_args.engine_core_env():
+            return AsyncLLM.from_engine_args(args, stat_loggers=[vllm_args.kv_transfer_logger({"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0})])
 
     def close(self) -> None:
         for engine in self._engines:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, kv_transfer_logger, sampling_params
+from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, engine_core_env, kv_transfer_logger, sampling_params
 from runtime.ray_runtime.weight_sync import EMULATED_WEIGHTS
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -95,7 +95,8 @@ class VLLMEngine:
             os.makedirs(self.settings.kv_store, exist_ok=True)
         t0 = time.perf_counter()
         try:
-            self._engine = AsyncLLM.from_engine_args(engine_args(self.settings, self.role), stat_loggers=[kv_transfer_logger(self.kv_tally)])
+            with engine_core_env():
+                self._engine = AsyncLLM.from_engine_args(engine_args(self.settings, self.role), stat_loggers=[kv_transfer_logger(self.kv_tally)])
         except Exception as exc:  # vLLM raises many types; the caller needs one clear line
             raise EngineStartError(f"vLLM engine ({self.role}, model {self.settings.model!r}) failed to start: {type(exc).__name__}: {exc}") from None
         start_s = time.perf_counter() - t0
