@@ -54,6 +54,37 @@ class Bootstrap:
 
         return ray.remote(cls).options(num_cpus=0, **opts)
 
+    def _on_node(self, node_id: str) -> dict[str, Any]:
+        """Actor options that place it on one Ray node (and nowhere else if that node dies)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
+    def _driver_node(self) -> dict[str, Any]:
+        """On a cluster the trainer and the environment run beside the driver, on the head node:
+        a worker node's loss must not take them (a head node's loss ends the run anyway)."""
+        import ray
+
+        return self._on_node(ray.get_runtime_context().get_node_id()) if self.address else {}
+
+    def _place_hosts(self, records: list[Any]) -> None:
+        """Emulated engines on a cluster: one host actor per planner node, on the Ray node that
+        declares that node's slots, hosting them (a node's loss takes exactly its slots)."""
+        from runtime.ray_runtime.rollout_worker import RolloutWorker
+
+        by_node: dict[str, list[Any]] = {}
+        node_of = {g.id: g.node for g in self.table.base.gpus}
+        for r in records:
+            by_node.setdefault(node_of[r.slot.gpu], []).append(r)
+        for node, recs in by_node.items():
+            ray_node = self.slot_node.get(recs[0].slot.resource)
+            if ray_node is None:
+                continue  # that node is not in the cluster now: its slots wait for it
+            host = self._remote(RolloutWorker, max_concurrency=100000, **self._on_node(ray_node)).remote("emulated", None, self.emulated, self._faults())
+            self.hosts.append(host)
+            for r in recs:
+                r.actor = host
+
     async def setup(self) -> None:
         from models.builder import load_profiles
         from planner.inputs import planning_inputs
@@ -66,6 +97,12 @@ class Bootstrap:
 
         self._ray_init()
         self._make_sync_primitives()
+        self.slot_node = await self._live_slots()
+        if self.address:
+            missing = [s.resource for s in self.table.slots if s.resource not in self.slot_node]
+            self.table.lost |= {s.gpu for s in self.table.slots if s.resource in missing}
+            if missing:
+                self.metrics.write("nodes_absent_at_start", resources=missing)
         spec, rt = self.spec, self.rt
         w = spec.workload
         self.tracker = RuntimeTracker(spec, *load_profiles(spec), env_scale=1.0)
@@ -75,20 +112,23 @@ class Bootstrap:
         emulated_train_s = train_step_s(spec, expected_batch_tokens(spec))
         sign = -1.0 if rt.control == "flipped_advantage" else 1.0
         if self.trainer_backend == "fsdp":  # same interface; the actor spawns its rank processes
-            self.trainer = self._remote(FSDPTrainer).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size, advantage_sign=sign)
+            self.trainer = self._remote(FSDPTrainer, **self._driver_node()).remote(self.model_path, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, world_size=rt.trainer_world_size, advantage_sign=sign)
         else:
-            self.trainer = self._remote(Trainer).remote(
+            self.trainer = self._remote(Trainer, **self._driver_node()).remote(
                 self.model_path if self.trainer_backend == "torch" else None, rt.lr, rt.clip_eps, spec.training.staleness, spec.seed, 1, self.trainer_backend, emulated_train_s, self.scale, advantage_sign=sign
             )
         tok = self.model_path if self.backend == "vllm" and rt.task == "calculator" else None
-        self.env = self._remote(EnvWorker, max_concurrency=100000).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
+        self.env = self._remote(EnvWorker, max_concurrency=100000, **self._driver_node()).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
         if self.backend == "emulated":
             models = self.tracker.models()
             costs = models.costs
-            em = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit)
-            self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, em, self._faults()) for _ in range(rt.hosts)]
-            for r in self.rec.values():
-                r.actor = self.hosts[r.slot.index % len(self.hosts)]
+            self.emulated = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit)
+            if self.address and len(set(self.slot_node.values())) > 1:
+                self._place_hosts(list(self.rec.values()))
+            else:
+                self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, self.emulated, self._faults()) for _ in range(rt.hosts)]
+                for r in self.rec.values():
+                    r.actor = self.hosts[r.slot.index % len(self.hosts)]
         self.blob_ref = self.initial_blob_ref = self.trainer.weights.remote()
         self.metrics.write("setup", backend=self.backend, trainer=self.trainer_backend, slots=[s.__dict__ for s in self.table.slots], kv_store=self.kv_store)
 

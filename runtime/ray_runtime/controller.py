@@ -33,6 +33,7 @@ from runtime.executor import Executor
 from runtime.gc_pause import gc_deferred
 from runtime.loans import LoanLedger
 from runtime.ray_runtime.bootstrap import REPO_ROOT, Bootstrap, resolve_model_path
+from runtime.ray_runtime.node_watch import NodeWatch
 from runtime.ray_runtime.plan_runner import PlanRunner
 from runtime.ray_runtime.records import RunFailed, RunSummary, RuntimeStartError, TrajectoryFailed  # noqa: F401 (public)
 from runtime.ray_runtime.resources import elastic_schedule, make_slots, resolve_device
@@ -44,7 +45,7 @@ from runtime.ray_runtime.trainer_loop import TrainerLoop
 from runtime.timeline import TrainerTimeline, return_due_at
 
 
-class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
+class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
     def __init__(self, spec: ExperimentSpec, backend: str | None = None, address: str | None = None, metrics_path: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.rt = spec.runtime
@@ -91,6 +92,8 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         self.steps_seen: list[StepTelemetry] = []
         self.steps_detail: list[dict[str, Any]] = []  # per training step: reward, loss, ratio, rollout (trainer_loop.step_detail)
         self.hosts: list[Any] = []
+        self.emulated: Any = None  # EmulatedSettings of the emulated backend's hosts
+        self._init_nodes()
         self.tracker: Any = None
         self.inputs: Any = None
         self.policy: Any = None
@@ -151,7 +154,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
                 return
             d = step.decision
             extras = {k: (round(float(v), 4) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in d.extras.items() if k != "event"}
-            seen = {"workers": [f"{w.id}:{w.role}{'(draining)' if w.draining else ''}" for w in state.workers], "elastic_available": self.table.elastic_available, "trainer": state.trainer.phase, "unfinished": round(state.unfinished_fraction, 3)}
+            seen = {"workers": [f"{w.id}:{w.role}{'(draining)' if w.draining else ''}" for w in state.workers], "elastic_available": self.table.elastic_available, "unavailable": sorted(g.id for g in state.gpus if not g.available), "trainer": state.trainer.phase, "unfinished": round(state.unfinished_fraction, 3)}
             plan = step.plan
             rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "state": seen,
                    "plan": {"actions": len(plan.actions), "joins": plan.joins, "leaves": plan.leaves, "role_changes": plan.role_changes, "lent": plan.lent, "returned": plan.returned,
@@ -211,6 +214,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         queue: asyncio.Queue = asyncio.Queue()
         version_event = asyncio.Event()
         elastic = asyncio.ensure_future(elastic_loop(self, schedule)) if schedule else None
+        nodes = asyncio.ensure_future(self.watch_nodes()) if self.address else None
 
         async def rollout_loop() -> None:
             for b in range(steps):
@@ -250,6 +254,8 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         finally:
             if elastic is not None:
                 elastic.cancel()
+            if nodes is not None:
+                nodes.cancel()
         return await self._summary(steps)
 
     async def _summary(self, steps: int) -> RunSummary:
@@ -259,7 +265,8 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop):
         summary = RunSummary(steps, self.version, float(np.mean(self.rewards)) if self.rewards else 0.0, self.transitions, self.modes_used, self.lost, self.ledger.late_returns, len(self.decisions),
                              float(np.percentile(solve, 95)) if solve else 0.0, self.resumed_turns, versions, self.kv_handoffs, self.rewards,
                              list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched, self.ledger.train_delay_s, self.forced_returns,
-                             [t.prediction() for t in self.steps_seen], self.spec.profile_name, list(self.steps_detail), self.rt.control)
+                             [t.prediction() for t in self.steps_seen], self.spec.profile_name, list(self.steps_detail), self.rt.control,
+                             self.node_report(), list(self.node_events), self.placement_mismatches)
         self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions)
         return summary
 

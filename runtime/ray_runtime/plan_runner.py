@@ -162,7 +162,7 @@ class PlanRunner:
         """Background part of an expansion: process + engine + newest weights; admission comes later."""
         from runtime.ray_runtime.rollout_worker import RolloutWorker
 
-        if self.fatal is not None:
+        if self.fatal is not None or r.slot.gpu in self.table.lost:
             return False
         # from here on the planner sees the worker it is becoming (see switch_role), backoff included
         r.role, r.status = role, "starting"
@@ -185,13 +185,14 @@ class PlanRunner:
             return False
         self.table.dead.discard(r.slot.gpu)
         r.role, r.status = role, "starting"
+        await self._check_placement(r)
         async with self.weights_lock:  # never interleaved with a push: the engine ends at the newest weights
             version = self.version
             if version > 0:
                 await r.actor.load_weights.remote(self.blob_ref, version)
             r.version = version
             await self._verify_weights([r], version, "start")
-        self.metrics.write("started", worker=r.worker_id, role=role, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding)
+        self.metrics.write("started", worker=r.worker_id, role=role, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding, node=self.placements.get(r.worker_id, "")[:12])
         return True
 
     async def _stop_slot(self, r: SlotRuntime) -> None:

@@ -51,6 +51,9 @@ class RunSummary:
     profile: str = ""  # the engine profile the predictor started from
     steps_detail: list[dict[str, Any]] = field(default_factory=list)  # per training step (trainer_loop.step_detail)
     control: str = "none"  # a learning test's negative control, if one ran (runtime.control)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per planner node: Ray node, slots, workers placed (node_watch)
+    node_events: list[dict[str, Any]] = field(default_factory=list)  # Ray nodes lost and joined during the run
+    placement_mismatches: int = 0  # workers that ran on another Ray node than their slot's
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +66,7 @@ class RunSummary:
             "weights_verified": self.weights_verified, "weights_mismatched": self.weights_mismatched,
             "profile": self.profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
             "control": self.control, "steps_detail": self.steps_detail,
+            "nodes": self.nodes, "node_events": self.node_events, "placement_mismatches": self.placement_mismatches,
         }
 
 

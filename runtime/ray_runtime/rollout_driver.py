@@ -98,6 +98,8 @@ class RolloutDriver:
             r.served += 1
             return res
         except actor_errors() as exc:
+            if await self._lost_with_node(r):
+                return None  # its node left the cluster: an availability event (node_watch), the turn resumes elsewhere
             if r.actor is actor and r.status in ("active", "draining"):
                 error = f"worker process died: {type(exc).__name__}"
                 self._mark_dead(r, error)  # not one we stopped ourselves: it died

@@ -137,6 +137,12 @@ class RolloutWorker:
             out[slot] = await engine.load_weights(blob, version)
         return out
 
+    async def node_id(self) -> str:
+        """The Ray node this worker runs on (placement is checked against the slot's node)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def versions(self) -> dict[int, int]:
         return {slot: e.weight_version for slot, e in self.engines.items()}
 

@@ -52,6 +52,7 @@ class SlotTable:
         self.elastic_total = sum(1 for s in slots if s.pool == "elastic")
         self.elastic_available = self.elastic_total
         self.dead: set[str] = set()
+        self.lost: set[str] = set()  # GPUs whose Ray node is gone (node_watch): unavailable until it joins again
 
     def gone_elastic(self) -> set[str]:
         return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
@@ -69,7 +70,7 @@ class SlotTable:
 
     def state(self, trainer: TrainerPhase, version: int, unfinished: float, lent: set[str]) -> ClusterState:
         """The cluster as the planner sees it (before the executor adds what running plans will do)."""
-        gone = self.gone_elastic()
+        gone = self.gone_elastic() | self.lost
         gpus, workers = [], []
         for g in self.base.gpus:
             r = self.rec[g.id]
