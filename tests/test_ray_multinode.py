@@ -137,3 +137,35 @@ def test_real_engines_train_on_both_nodes(cluster, tmp_path):
     assert s["steps"] == 2 and s["weight_version"] == 2 and s["lost_trajectories"] == 0 and s["weights_mismatched"] == 0
     _started_on_their_nodes(recs, s)
     assert {n: v["workers_placed"] for n, v in s["nodes"].items()} == {"rollout0-0": 1, WORKER_NODE: 1}, s["nodes"]
+
+
+def test_an_address_where_no_cluster_answers_is_one_clear_error(tmp_path):
+    """Ray's own init retries an absent head forever: the runtime checks the address first."""
+    from conftest import run_pearl
+
+    res = run_pearl("train", "--config", EMULATED, "--address", "127.0.0.1:1", "--steps", "1", "--metrics", str(tmp_path / "m.jsonl"), timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("pearl: error:")]
+    assert len(errors) == 1 and "no Ray cluster answers at --address 127.0.0.1:1" in errors[0] and "Traceback" not in res.stderr, res.stderr[-2000:]
+
+
+def test_a_lost_head_node_stops_the_run_with_one_clear_error(cluster, tmp_path):
+    """Last in the module: the head goes, and the cluster with it (the fixture's teardown then
+    finds nothing left to stop). Ray ends the driver's process with no message when the head's
+    raylet dies; `pearl train --address` drives the run in a child and says how it ended."""
+    metrics = tmp_path / "m.jsonl"
+    proc = _train(cluster, EMULATED, metrics, 30, "emulated")
+    try:
+        _wait_for(metrics, proc, lambda rs: any(r["record"] == "rollout_step" for r in rs), 180)
+        head = Path(f"{os.environ.get('TMPDIR', '/tmp')}/pearl-local-cluster-{PORT}/rollout0-0.pid").read_text().strip()
+        os.killpg(int(head), 15)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("pearl: error:")]
+    assert len(errors) == 1 and f"head node at {cluster} is gone" in errors[0] and str(metrics) in errors[0], err[-2000:]
+    assert "Traceback" not in err and out == ""
+    recs = _records(metrics)  # every line written so far is whole JSON
+    assert any(r["record"] == "rollout_step" for r in recs)

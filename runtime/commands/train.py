@@ -14,6 +14,33 @@ from runtime.cli import app, user_errors
 from runtime.flags import steps_option
 
 
+# Set in the child process that drives a run on a cluster: the file it writes when it ends by itself.
+DRIVER_ENDED = "PEARL_TRAIN_DRIVER_ENDED"
+
+
+def _drive_in_child(address: str, metrics: Path) -> int:
+    """Run this very command in a child process and say how it ended.
+
+    On a cluster the driver lives only as long as the head node: when the driver's own raylet
+    (the head's) dies, Ray's core worker ends the process at once, with no Python handler run
+    (measured: exit 1 and no message, ~12 s after the head stopped). The child drives the run;
+    this process turns a child that ended without finishing into one clear error. The metrics
+    JSONL, written line by line, stays readable."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pearl-train-") as d:
+        ended = Path(d) / "ended"
+        proc = subprocess.run([sys.executable, "-m", "runtime.cli", *sys.argv[1:]], env={**os.environ, DRIVER_ENDED: str(ended)})
+        if ended.exists():
+            return proc.returncode
+    from runtime.ray_runtime.ray_nodes import answers
+
+    head = "still answers (see Ray's logs)" if answers(address) else "is gone (nothing answers there)"
+    print(f"pearl: error: run failed: the driver ended without finishing (exit {proc.returncode}): the Ray head node at {address} {head} (metrics so far: {metrics})", file=sys.stderr)
+    return 1
+
+
 def _has_vllm() -> bool:
     try:
         import vllm  # noqa: F401
@@ -55,7 +82,18 @@ def train(
         check_file(Path(__file__).resolve().parents[2] / spec.runtime.metrics_path, config, "runtime.metrics_path")
     if plot is not None:
         check_plot(Path(plot), "pearl train", "--plot")
+    metrics_path = Path(metrics) if metrics is not None else Path(__file__).resolve().parents[2] / spec.runtime.metrics_path
+    if address and not os.environ.get(DRIVER_ENDED):
+        raise typer.Exit(_drive_in_child(address, metrics_path))
+    try:
+        _run(spec, chosen, n, address, metrics, as_json, plot)
+    finally:
+        if os.environ.get(DRIVER_ENDED):  # the run ended by itself (a result or its own error): say so to the parent
+            Path(os.environ[DRIVER_ENDED]).write_text("ended")
 
+
+def _run(spec: Any, chosen: str, n: int, address: str | None, metrics: str | None, as_json: bool, plot: str | None) -> None:
+    """The run in this process: Ray, engines, trainer, the planner in the loop."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -41,6 +41,11 @@ class Bootstrap:
         env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
         if ray.is_initialized():
             return
+        if self.address and self.address != "auto":
+            from runtime.ray_runtime.ray_nodes import answers
+
+            if not answers(self.address):
+                raise RuntimeStartError(f"no Ray cluster answers at --address {self.address} (start one with `ray start --head`, or scripts/local_cluster.sh up CONFIG)")
         try:
             if self.address:
                 ray.init(address=self.address, runtime_env={"env_vars": env}, log_to_driver=False)

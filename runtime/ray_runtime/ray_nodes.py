@@ -60,6 +60,18 @@ def node_slots(slots: tuple[Slot, ...], node_of_gpu: dict[str, str]) -> dict[str
     return dict(out)
 
 
+def answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Does anything listen at a Ray head's `host:port`? (ray.init retries an absent head forever.)"""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def cluster_resources(config: str) -> list[dict[str, Any]]:
     """What each planner node's Ray node declares: its slots' resources and one naming the node."""
     from models.config import load_experiment
