@@ -25,7 +25,7 @@ from conftest import REPO_ROOT, pearl_executable
 pytestmark = [pytest.mark.ray]
 
 SCRIPT = str(REPO_ROOT / "scripts/local_cluster.sh")
-PORT = "6391"
+PORT = os.environ.get("PEARL_TEST_CLUSTER_PORT", "6391")  # another suite on this machine: set another port
 EMULATED = "configs/experiments/train-multinode-emulated.yaml"
 REAL = "configs/experiments/train-multinode.yaml"
 WORKER_NODE = "rollout0-1"
@@ -109,6 +109,9 @@ def test_workers_run_on_the_nodes_their_slots_name(node_loss):
     started = {r["worker"]: r["node"] for r in before if r["record"] == "started"}
     assert set(started) == {"w:rollout0-0/0", "w:rollout0-1/0"} and len(set(started.values())) == 2, started
     assert set(s["nodes"]) == {"rollout0-0", WORKER_NODE} and all(n["slots"] == 1 for n in s["nodes"].values()), s["nodes"]
+    # the trainer and the environment run beside the driver, on the head (the first planner node's Ray node)
+    assert set(s["services"]) == {"driver", "trainer", "env"} and len(set(s["services"].values())) == 1, s["services"]
+    assert s["services"]["driver"] == started["w:rollout0-0/0"], (s["services"], started)
 
 
 def test_a_lost_node_loses_no_trajectory_and_comes_back(node_loss):

@@ -134,8 +134,21 @@ class Bootstrap:
                 self.hosts = [self._remote(RolloutWorker, max_concurrency=100000).remote("emulated", None, self.emulated, self._faults()) for _ in range(rt.hosts)]
                 for r in self.rec.values():
                     r.actor = self.hosts[r.slot.index % len(self.hosts)]
+        if self.address:
+            await self._check_services()
         self.blob_ref = self.initial_blob_ref = self.trainer.weights.remote()
         self.metrics.write("setup", backend=self.backend, trainer=self.trainer_backend, slots=[s.__dict__ for s in self.table.slots], kv_store=self.kv_store)
+
+    async def _check_services(self) -> None:
+        """On a cluster the trainer and the environment must run on the driver's (head) node."""
+        import ray
+
+        driver = ray.get_runtime_context().get_node_id()
+        self.services = {"driver": driver, "trainer": await self.trainer.node_id.remote(), "env": await self.env.node_id.remote()}
+        for name, node in self.services.items():
+            if node != driver:
+                self.placement_mismatches += 1
+                self.metrics.write("placement_mismatch", worker=name, node=node, expected=driver)
 
     def _faults(self) -> tuple[tuple[str, str], ...]:
         return tuple((f.request, f.role) for f in self.rt.faults)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.ray_runtime.ray_nodes import OnANode
+
 CALL = re.compile(r"calc\(\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*\)")
 NUMBER = re.compile(r"-?\d+")
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
@@ -61,7 +63,7 @@ def evaluate_call(text: str) -> int | None:
     return OPS[m.group(2)](int(m.group(1)), int(m.group(3)))
 
 
-class EnvWorker:
+class EnvWorker(OnANode):
     """Async Ray actor holding many episodes. `text=False` emulates the task with synthetic ids."""
 
     def __init__(self, tokenizer_path: str | None, turns: Any, env_latency_s: Any, prompt_tokens: Any = None, obs_tokens: Any = None, time_scale: float = 1.0, seed: int = 0, vocab: int = 1024) -> None:

@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.ray_runtime.ray_nodes import OnANode
 from runtime.ray_runtime.trainer import Batch, LossStats, TrainSample, sample_loss, select_batch, tensors_blob
 
 _POLL_S = 1.0  # how often a waiting side checks that the other side is alive
@@ -155,7 +156,7 @@ def _rank_main(setup: RankSetup, inbox: Any, outbox: Any) -> None:
         os._exit(1)  # not a normal exit: tearing down a process group whose peers are gone can block
 
 
-class FSDPTrainer:
+class FSDPTrainer(OnANode):
     """Ray actor (or plain object) driving `world_size` FSDP2 rank processes; same interface as Trainer."""
 
     def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, world_size: int = 1, advantage_sign: float = 1.0) -> None:

@@ -31,6 +31,7 @@ class NodeWatch:
         self.node_events: list[dict[str, Any]] = []
         self.placements: dict[str, str] = {}  # worker -> Ray node id its actor runs on (last start)
         self.placement_mismatches = 0
+        self.services: dict[str, str] = {}  # driver, trainer, env -> Ray node id (on a cluster)
 
     async def _live_slots(self) -> dict[str, str]:
         import ray

@@ -35,6 +35,15 @@ class NodeChange:
     joined: frozenset[str]
 
 
+class OnANode:
+    """Mixed into the actors whose Ray node the runtime checks (trainer, environment)."""
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
 def slot_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
     """Slot resource -> id of the live Ray node declaring it (`ray.nodes()` entries)."""
     out: dict[str, str] = {}

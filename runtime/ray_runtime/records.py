@@ -54,6 +54,7 @@ class RunSummary:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per planner node: Ray node, slots, workers placed (node_watch)
     node_events: list[dict[str, Any]] = field(default_factory=list)  # Ray nodes lost and joined during the run
     placement_mismatches: int = 0  # workers that ran on another Ray node than their slot's
+    services: dict[str, str] = field(default_factory=dict)  # driver, trainer, env -> Ray node (on a cluster: all the head)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,7 @@ class RunSummary:
             "profile": self.profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
             "control": self.control, "steps_detail": self.steps_detail,
             "nodes": self.nodes, "node_events": self.node_events, "placement_mismatches": self.placement_mismatches,
+            "services": self.services,
         }
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.ray_runtime.ray_nodes import OnANode
+
 
 @dataclass(frozen=True)
 class TrainSample:
@@ -163,7 +165,7 @@ def state_blob(model: Any) -> bytes:
     return tensors_blob(model.state_dict())
 
 
-class Trainer:
+class Trainer(OnANode):
     """Ray actor (or plain object). backend 'torch' trains for real; 'emulated' sleeps the training-time model."""
 
     def __init__(self, model_path: str | None, lr: float = 1e-3, clip_eps: float = 0.2, staleness: int = 1, seed: int = 0, threads: int = 1, backend: str = "torch", emulated_step_s: float = 1.0, time_scale: float = 1.0, advantage_sign: float = 1.0) -> None:
