@@ -18,8 +18,8 @@ from runtime.flags import steps_option
 DRIVER_ENDED = "PEARL_TRAIN_DRIVER_ENDED"
 
 
-def _drive_in_child(address: str, metrics: Path) -> int:
-    """Run this very command in a child process and say how it ended.
+def _drive_in_child(args: list[str], address: str, metrics: Path) -> int:
+    """Run the same training (the parsed options, passed again) in a child process and say how it ended.
 
     On a cluster the driver lives only as long as the head node: when the driver's own raylet
     (the head's) dies, Ray's core worker ends the process at once, with no Python handler run
@@ -31,7 +31,7 @@ def _drive_in_child(address: str, metrics: Path) -> int:
 
     with tempfile.TemporaryDirectory(prefix="pearl-train-") as d:
         ended = Path(d) / "ended"
-        proc = subprocess.run([sys.executable, "-m", "runtime.cli", *sys.argv[1:]], env={**os.environ, DRIVER_ENDED: str(ended)})
+        proc = subprocess.run([sys.executable, "-m", "runtime.cli", "train", *args], env={**os.environ, DRIVER_ENDED: str(ended)})
         if ended.exists():
             return proc.returncode
     from runtime.ray_runtime.ray_nodes import answers
@@ -84,7 +84,8 @@ def train(
         check_plot(Path(plot), "pearl train", "--plot")
     metrics_path = Path(metrics) if metrics is not None else Path(__file__).resolve().parents[2] / spec.runtime.metrics_path
     if address and not os.environ.get(DRIVER_ENDED):
-        raise typer.Exit(_drive_in_child(address, metrics_path))
+        args = ["--config", config, "--address", address, "--steps", str(n), "--backend", chosen, "--metrics", str(metrics_path)]
+        raise typer.Exit(_drive_in_child([*args, *(["--json"] if as_json else []), *(["--plot", plot] if plot else [])], address, metrics_path))
     try:
         _run(spec, chosen, n, address, metrics, as_json, plot)
     finally:

@@ -78,9 +78,8 @@ class Bootstrap:
         from runtime.ray_runtime.rollout_worker import RolloutWorker
 
         by_node: dict[str, list[Any]] = {}
-        node_of = {g.id: g.node for g in self.table.base.gpus}
         for r in records:
-            by_node.setdefault(node_of[r.slot.gpu], []).append(r)
+            by_node.setdefault(self.table.node_of[r.slot.gpu], []).append(r)
         for node, recs in by_node.items():
             ray_node = self.slot_node.get(recs[0].slot.resource)
             if ray_node is None:

@@ -51,7 +51,7 @@ class NodeWatch:
                 await self._nodes_joined(ch.joined)
 
     def _planner_nodes(self, gpus: set[str]) -> list[str]:
-        return sorted({g.node for g in self.table.base.gpus if g.id in gpus})
+        return sorted({self.table.node_of[g] for g in gpus})
 
     def _event(self, kind: str, gpus: set[str]) -> None:
         event = {"t": round(time.monotonic() - self.t0, 3), "event": kind, "nodes": self._planner_nodes(gpus), "gpus": sorted(gpus)}
@@ -109,8 +109,7 @@ class NodeWatch:
         """Per planner node: the Ray node now holding it (None while lost) and its slots started there."""
         out: dict[str, dict[str, Any]] = {}
         for s in self.table.slots:
-            node = next(g.node for g in self.table.base.gpus if g.id == s.gpu)
-            entry = out.setdefault(node, {"ray_node": None, "slots": 0, "workers_placed": 0})
+            entry = out.setdefault(self.table.node_of[s.gpu], {"ray_node": None, "slots": 0, "workers_placed": 0})
             entry["slots"] += 1
             ray_node = self.slot_node.get(s.resource)
             entry["ray_node"] = ray_node[:12] if ray_node else None

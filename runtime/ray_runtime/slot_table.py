@@ -53,6 +53,7 @@ class SlotTable:
         self.elastic_available = self.elastic_total
         self.dead: set[str] = set()
         self.lost: set[str] = set()  # GPUs whose Ray node is gone (node_watch): unavailable until it joins again
+        self.node_of: dict[str, str] = {g.id: g.node for g in base.gpus}  # GPU -> planner node
 
     def gone_elastic(self) -> set[str]:
         return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
