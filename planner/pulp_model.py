@@ -119,9 +119,10 @@ def pulp_model(lm, time_limit_s: float, t0: float | None = None):
         prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5))
     ms = (time.perf_counter() - t0) * 1000
     status = pulp.LpStatus[prob.status]
+    value = pulp.value(prob.objective)
+    obj = round(value) if value is not None else lm.const  # None: an objective without variables
     if status == "Optimal" and prob.sol_status == pulp.LpSolutionOptimal:
-        obj = round(pulp.value(prob.objective))
         return Raw([v.value() or 0.0 for v in xs], "optimal", obj, float(obj), ms, "pulp")
     if prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        return Raw([v.value() or 0.0 for v in xs], "feasible", round(pulp.value(prob.objective)), -math.inf, ms, "pulp")
+        return Raw([v.value() or 0.0 for v in xs], "feasible", obj, -math.inf, ms, "pulp")
     return Raw(None, "infeasible" if status == "Infeasible" else "no_solution", math.inf, -math.inf, ms, "pulp")

@@ -43,6 +43,18 @@ def test_every_backend_matches_brute_force_on_mixed_instances(backend: str) -> N
     assert feasible >= 100, feasible
 
 
+def test_threshold_search_equals_the_one_hot_program() -> None:
+    """solve_mixed's default (the threshold search of planner/mixed_search.py) and the one-hot
+    program (one solve, a second formulation of the same definition) agree, layout priced too."""
+    for i, (state, inputs, _) in enumerate(cases()[:100]):
+        problem = build_mixed_problem(state, inputs, 0.0)
+        a = solve_mixed(problem, "cbc", time_limit_s=10.0)
+        b = solve_mixed(problem, "cbc", time_limit_s=10.0, method="onehot")
+        assert (a.status, a.objective_ms) == (b.status, b.objective_ms), i
+        if a.status == "optimal":
+            assert evaluate_mixed(problem, a.x) == a.objective_ms, i
+
+
 def test_mixed_instances_exercise_types_degrees_and_changes() -> None:
     """The 200 instances are not degenerate: optima mix GPU types and TP degrees, and many
     start from running workers (switches, TP changes as stop + start)."""

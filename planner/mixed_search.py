@@ -1,0 +1,454 @@
+"""Exact search for the mixed program of planner/mixed.py: thresholds outside, small covering programs inside.
+
+Why: the one-hot program (`mixed.mixed_linear_model`) selects one entry per kind among
+hundreds to thousands; its LP relaxation is weak and CBC needs seconds at 256-4096 GPUs. The
+completion has structure it leaves unused: a role's path is T = the largest t of its serving
+kinds and its queue Q = the largest q, and for fixed thresholds (T, Q) a kind's best operating
+point is simply the fewest instances k among its entries with t <= T and q <= Q (the largest
+share: floor(S N / k) only grows as k falls). With the thresholds fixed, the covering rule is
+linear in the instance counts with fixed coefficients, and what is left (capacity, slots,
+starts / stops / switches, the mode, the policy rows) is a small integer program with no entry
+selection at all (`_inner_model`).
+
+The search, per mode (disaggregated shares T: its completion is max(T_P, T_D) + Q_P + Q_D and
+raising a threshold only helps), over the grid of candidate thresholds: every T among the
+serving kinds' t at or above the floor where the usable GPUs can cover every role at all, and
+per serving role every Q among its q (0 without a queue). Best-first over boxes of that grid,
+each bounded by its tightest corner's T + sum Q plus its loosest corner's transition cost (a
+box's points all have thresholds at most that corner's, so they cost at least its cost):
+  1. `_lp_bound`: a fractional bound on that cost (GPUs priced at their cheapest start or switch
+     unless a current instance keeps them), no solver call;
+  2. the corner's covering program, relaxed (one scaled row per role) and cut off at what could
+     still beat the incumbent anywhere in the box: infeasible, the box goes; its layout is
+     priced by the definition (`mixed.evaluate_mixed`) and may become the incumbent;
+  3. else the box splits on its widest side (the lower half inherits the cost as a bound); a
+     single candidate gets the exact program (units floor(S N / k)) if the relaxed layout
+     misses the floors.
+The search ends when the best remaining bound is no better than the incumbent. Exact: a
+layout's objective is at most T + sum Q + its transition cost at any candidate it covers, and
+the optimum covers its own (T*, Q*); every pruned box holds only candidates whose bound is no
+better than a layout already found. A decision is proven optimal when every program solved
+was proven (optimal or infeasible) and the time limit did not cut the search.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.backends import INF, LinearModel, solve_model
+from planner.milp import Solution
+from planner.mixed import KindTable, MixedProblem, completion_ms, evaluate_mixed
+
+MODE_ROLES = {"colocated": (0,), "disaggregated": (1, 2)}
+
+
+def _fewest_grid(kt: KindTable, ts: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """The kind's fewest instances meeting (T, Q) for every T in ts and Q in qs (0: none)."""
+    if kt.k.size == 0:
+        return np.zeros((ts.size, qs.size), dtype=np.int64)
+    if kt.falling:  # entries meeting T and those meeting Q are both suffixes: the later one starts wins
+        i_t = np.searchsorted(-kt.t, -ts, side="left")
+        i_q = np.searchsorted(-kt.q, -qs, side="left")
+        i = np.maximum(i_t[:, None], i_q[None, :])
+        return np.where(i < kt.k.size, kt.k[np.minimum(i, kt.k.size - 1)], 0)
+    return kt.fewest(ts[:, None], qs[None, :])
+
+
+@dataclass(frozen=True)
+class Space:
+    """One mode's candidate thresholds: T values and, per serving role, Q values (ascending).
+
+    `fewest` holds per serving role, per kind, the fewest instances meeting each T (over ts)
+    and each Q (over that role's qs): for a kind whose t and q both fall with k, the entries
+    meeting (T, Q) are the later of two suffixes, so its fewest is the larger of the two
+    (None for other kinds, looked up directly)."""
+
+    mode: str
+    roles: tuple[int, ...]
+    ts: np.ndarray
+    qs: tuple[np.ndarray, ...]
+    fewest: tuple[tuple[tuple[KindTable, np.ndarray | None, np.ndarray | None], ...], ...] = field(compare=False)
+
+    @classmethod
+    def of(cls, p: MixedProblem, mode: str, roles: tuple[int, ...], ts: np.ndarray, qs: tuple[np.ndarray, ...]) -> Space:
+        per_role = []
+        for r, q in zip(roles, qs):
+            kinds = []
+            for kt in p.roles[r].kinds:
+                if kt.k.size and kt.falling:
+                    kinds.append((kt, _suffix_k(kt, kt.t, ts), _suffix_k(kt, kt.q, q)))
+                else:
+                    kinds.append((kt, None, None))
+            per_role.append(tuple(kinds))
+        return cls(mode, roles, ts, qs, tuple(per_role))
+
+    def value(self, at: tuple[int, ...]) -> int:
+        """T + sum Q at grid coordinates `at`."""
+        return int(self.ts[at[0]]) + sum(int(q[i]) for q, i in zip(self.qs, at[1:]))
+
+    def kvec(self, at: tuple[int, ...]) -> dict[int, dict]:
+        """Per serving role, per kind: its fewest instances meeting the thresholds at `at` (0: none)."""
+        out = {}
+        for r, kinds, q, i in zip(self.roles, self.fewest, self.qs, at[1:]):
+            row = {}
+            for kt, by_t, by_q in kinds:
+                if by_t is None:
+                    row[kt.kind] = int(_fewest_grid(kt, self.ts[at[0] : at[0] + 1], q[i : i + 1])[0, 0]) if kt.k.size else 0
+                else:
+                    a, b = int(by_t[at[0]]), int(by_q[i])
+                    row[kt.kind] = max(a, b) if a and b else 0
+            out[r] = row
+        return out
+
+
+def _suffix_k(kt: KindTable, of: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For a falling kind: per value, the fewest instances of an entry with `of` <= value (0: none)."""
+    i = np.searchsorted(-of, -values, side="left")
+    return np.where(i < kt.k.size, kt.k[np.minimum(i, kt.k.size - 1)], 0)
+
+
+def _space(p: MixedProblem, mode: str, cap: float) -> Space | None:
+    """The mode's candidates with T + sum Q below `cap` and T no lower than the serving roles'
+    floor: the smallest T at which the usable GPUs, each at its best share per GPU with the
+    loosest queue, cover every role (`_coverable_along`); None when there is none."""
+    roles = MODE_ROLES[mode]
+    ts = np.unique(np.concatenate([kt.t for r in roles for kt in p.roles[r].kinds] + [np.zeros(0, dtype=np.int64)]))
+    qs = [np.unique(np.concatenate([kt.q for kt in p.roles[r].kinds] + [np.zeros(1, dtype=np.int64)])) for r in roles]
+    q_min = sum(int(q[0]) for q in qs)
+    ts = ts[ts + q_min < cap]
+    if ts.size == 0:
+        return None
+    ok = _coverable_along(GroupPrices.of(p), Space.of(p, mode, roles, ts, tuple(q[-1:] for q in qs)))
+    if not ok.any():
+        return None
+    ts = ts[int(np.argmax(ok)):]  # coverage only grows with T: the feasible T form a suffix
+    qs = [q[q + int(ts[0]) + q_min - int(q[0]) < cap] for q in qs]
+    if any(q.size == 0 for q in qs):
+        return None
+    return Space.of(p, mode, roles, ts, tuple(qs))
+
+
+@dataclass(frozen=True)
+class GroupPrices:
+    """What the transition bound needs per group and per slot (slots of all groups, flattened):
+    usable GPUs, the least a GPU of a started instance costs there, and per slot the GPUs its
+    current instances occupy (kept, they cost nothing)."""
+
+    cap: np.ndarray  # per group
+    price: np.ndarray  # per group
+    slot_group: np.ndarray  # per slot
+    slot_role: np.ndarray
+    slot_tp: np.ndarray
+    slot_occ: np.ndarray
+    slot_kind: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, p: MixedProblem) -> GroupPrices:
+        cap, price, sg, sr, st, so, sk = [], [], [], [], [], [], []
+        for gi, g in enumerate(p.groups):
+            fresh = not any(g.cur)
+            cap.append(g.total_cap)
+            # a started instance pays a start, or a switch where a stop pairs with it (never on a fresh group)
+            price.append(min((min(g.start_ms[i], g.start_ms[i] if fresh else g.switch_ms[i]) / t for i, (_, t) in enumerate(g.slots)), default=0.0))
+            for i, (r, t) in enumerate(g.slots):
+                sg.append(gi), sr.append(r), st.append(t), so.append(g.total_cur(i) * t), sk.append((g.gpu_type, t))
+        return cls(np.array(cap, dtype=float), np.array(price, dtype=float), np.array(sg, dtype=np.int64), np.array(sr, dtype=np.int64),
+                   np.array(st, dtype=float), np.array(so, dtype=float), tuple(sk))
+
+
+def _slot_rates(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
+    """Per serving role (rows), per slot: the share of a batch one GPU of that slot carries, 1 / (k tp) (0: not this role's, or no entry)."""
+    out = np.zeros((len(kvec), gp.slot_group.size))
+    for j, (r, ks) in enumerate(kvec.items()):
+        for i in np.flatnonzero(gp.slot_role == r):
+            k = ks.get(gp.slot_kind[i], 0)
+            if k > 0:
+                out[j, i] = 1.0 / (k * gp.slot_tp[i])
+    return out
+
+
+def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
+    """A lower bound on the transition cost of covering every serving role at these fewest counts
+    (inf: not even fractionally coverable).
+
+    The relaxation: a GPU carries at most its group's best share per GPU for a role (a current
+    instance's GPUs their own kind's, at no cost) and costs at least the group's price unless a
+    current instance of that role and degree keeps it; fractional. Its Lagrangian dual (a
+    multiplier a_r per role's covering row) is, for any a >= 0,
+        sum_r a_r - sum_g [ sum_slots occ max(a_r w_slot, b_g) + (cap_g - sum occ) b_g ],
+        b_g = max(0, max_r a_r v_r,g - price_g)   (v_r,g: the best share per GPU on g)
+    and weak duality makes every a a bound; the best over the breakpoints a_r = price_g / v_r,g
+    (and, for two roles, where a_P v_P,g = a_D v_D,g) is kept."""
+    w = _slot_rates(gp, kvec)  # (roles, slots)
+    n_roles, n_groups = w.shape[0], gp.cap.size
+    v = np.zeros((n_roles, n_groups))
+    np.maximum.at(v, (slice(None), gp.slot_group), w)
+    if n_roles == 1:
+        if (gp.cap * v[0]).sum() < 1.0 - 1e-12:
+            return math.inf
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.concatenate([[0.0], gp.price[v[0] > 0] / v[0][v[0] > 0]])[:, None]
+    else:
+        if not _coverable_pair(gp.cap, v[0], v[1]):
+            return math.inf
+        both = (v[0] > 0) & (v[1] > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_p = np.unique(np.concatenate([[0.0], gp.price[v[0] > 0] / v[0][v[0] > 0]]))
+            a_d = np.unique(np.concatenate([[0.0], gp.price[v[1] > 0] / v[1][v[1] > 0]]))
+        ratio = v[0][both] / v[1][both]  # a_D = a_P * ratio: equal rates on that group
+        pairs = [np.stack(np.meshgrid(a_p, a_d, indexing="ij"), -1).reshape(-1, 2)]
+        if ratio.size:
+            pairs.append(np.stack([np.repeat(a_p, ratio.size), (a_p[:, None] * ratio[None, :]).ravel()], -1))
+            pairs.append(np.stack([(a_d[:, None] / ratio[None, :]).ravel(), np.repeat(a_d, ratio.size)], -1))
+        a = np.concatenate(pairs)
+    m = np.max(a[:, :, None] * v[None, :, :], axis=1)  # (cands, groups): the best role's value per GPU
+    bought = np.maximum(m - gp.price[None, :], 0.0)
+    own = np.max(a[:, :, None] * w[None, :, :], axis=1)  # (cands, slots): a kept GPU's value for its role
+    kept = (gp.slot_occ[None, :] * np.maximum(own, bought[:, gp.slot_group])).sum(axis=1)
+    occ = np.bincount(gp.slot_group, weights=gp.slot_occ, minlength=n_groups)
+    dual = a.sum(axis=1) - kept - (np.maximum(gp.cap - occ, 0.0)[None, :] * bought).sum(axis=1)
+    return max(0.0, float(dual.max()))
+
+
+def _coverable_pair(cap: np.ndarray, vp: np.ndarray, vd: np.ndarray) -> bool:
+    """Can GPUs y_P + y_D <= cap carry a whole batch of each role (fractionally)? By Farkas, iff
+    sum_g cap_g max(a v_P,g, (1 - a) v_D,g) >= 1 for every a in [0, 1]; convex in a, so checked
+    at 0, 1 and where the two terms cross on some group."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = np.where(vp + vd > 0, vd / (vp + vd), 0.0)
+    a = np.concatenate([[0.0, 1.0], cross])[:, None]
+    return bool(np.all((cap * np.maximum(a * vp, (1 - a) * vd)).sum(axis=1) >= 1.0 - 1e-12))
+
+
+SHARE = 2**24  # the relaxed covering row's scale: sum_j ceil(SHARE / k_j) N_j >= SHARE
+
+
+def _coverable_along(gp: GroupPrices, sp: Space) -> np.ndarray:
+    """Per T of `sp` (at its first Q per role): can the usable GPUs cover every serving role, fractionally?"""
+    v = np.zeros((len(sp.roles), gp.cap.size, sp.ts.size))
+    for j, (r, kinds) in enumerate(zip(sp.roles, sp.fewest)):
+        for kt, by_t, by_q in kinds:
+            if kt.k.size == 0:
+                continue
+            k = np.where((by_t > 0) & (by_q[0] > 0), np.maximum(by_t, by_q[0]), 0) if by_t is not None else _fewest_grid(kt, sp.ts, sp.qs[j][:1])[:, 0]
+            for i in np.flatnonzero((gp.slot_role == r) & np.array([sk == kt.kind for sk in gp.slot_kind], dtype=bool)):
+                share = np.where(k > 0, 1.0 / (np.maximum(k, 1) * gp.slot_tp[i]), 0.0)
+                v[j, gp.slot_group[i]] = np.maximum(v[j, gp.slot_group[i]], share)
+    cap = gp.cap[:, None]
+    if len(sp.roles) == 1:
+        return (cap * v[0]).sum(axis=0) >= 1.0 - 1e-12
+    vp, vd = v
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = np.where(vp + vd > 0, vd / (vp + vd), 0.0)
+    ok = np.ones(sp.ts.size, dtype=bool)
+    for a in [np.zeros(sp.ts.size), np.ones(sp.ts.size), *cross]:
+        ok &= (cap * np.maximum(a * vp, (1 - a) * vd)).sum(axis=0) >= 1.0 - 1e-12
+    return ok
+
+
+def _inner_model(p: MixedProblem, roles: tuple[int, ...], kvec: dict[int, dict], exact: bool = True) -> LinearModel:
+    """The layout program at fixed thresholds: serving roles' slots only, each kind's units
+    floor(S N_j / k_j) (integer sigma_j, k_j sigma_j <= S N_j) covering S per role, the
+    transition cost as in `mixed.mixed_linear_model` (starts, stops, switches inside one TP).
+
+    exact=False drops the units: one row per role, sum_j ceil(SHARE / k_j) N_j >= SHARE, which
+    every exact cover meets (floor(S N / k) <= S N / k). A relaxation, and a much easier one
+    (no wide integer units to branch on): its infeasibility and its optimum bound the exact
+    program, and its layout is exact when it also meets the floors (`_covers`)."""
+    lm = LinearModel(const=p.constant_ms)
+    kind_terms: dict[int, dict] = {r: {} for r in roles}
+    role_terms: list[list[tuple[int, int]]] = [[], [], []]
+    gpu_terms: list[tuple[int, int]] = []
+    for gi, g in enumerate(p.groups):
+        xs: list[int | None] = []
+        cap_terms = []
+        ds: dict[int, int] = {}
+        ss: dict[int, int] = {}
+        fresh = not any(g.cur)
+        for i, (r, t) in enumerate(g.slots):
+            ub = g.ub(i) if r in roles else 0
+            if fresh and ub == 0:
+                xs.append(None)
+                continue
+            v = lm.var(f"x[{gi},{r},{t}]", 0, ub)
+            xs.append(v)
+            if r in roles:
+                kind_terms[r].setdefault((g.gpu_type, t), []).append(v)
+                role_terms[r].append((v, 1))
+                gpu_terms.append((v, t))
+                cap_terms.append((v, t))
+            if fresh:
+                lm.cost(v, g.start_ms[i])
+                continue
+            ds[i], ss[i] = lm.flow(f"{gi},{r},{t}", v, max(ub, 0), g.total_cur(i), g.start_ms[i], g.stop_ms[i])
+        if cap_terms:
+            lm.row(cap_terms, -INF, g.total_cap)
+        if not fresh:
+            for t in sorted({t for _, t in g.slots}):
+                idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t]
+                save = max(0, g.start_ms[idx[0]] + g.stop_ms[idx[0]] - g.switch_ms[idx[0]])
+                if len(idx) < 2 or save <= 0 or not any(g.cur[i] for i in idx):
+                    continue
+                u = lm.var(f"u[{gi},{t}]", 0, sum(g.total_cur(i) for i in idx))
+                lm.row([(u, 1)] + [(ds[i], -1) for i in idx], -INF, 0)
+                lm.row([(u, 1)] + [(ss[i], -1) for i in idx], -INF, 0)
+                lm.cost(u, -save)
+        lm.x.append(xs)
+    for r in roles:
+        units = p.roles[r].units
+        cover = []
+        for kind, k in kvec[r].items():
+            terms = kind_terms[r].get(kind)
+            if not terms or k <= 0:
+                continue
+            if not exact:
+                cover.extend((v, -(-SHARE // k)) for v in terms)
+                continue
+            n_max = sum(lm.ub[v] for v in terms)
+            sg = lm.var(f"sigma[{r},{kind}]", 0, min(units, (units * n_max) // k))
+            lm.row([(v, units) for v in terms] + [(sg, -k)], 0, INF)
+            cover.append((sg, 1))
+        lm.row(cover, units if exact else SHARE, INF)
+    lm.policy_rows(role_terms[1], role_terms[2], gpu_terms, p.fixed_pd, p.max_gpus)
+    return lm
+
+
+def _modes(p: MixedProblem) -> list[str]:
+    out = []
+    if "colocated" in p.modes and p.fixed_pd is None:
+        out.append("colocated")
+    if "disaggregated" in p.modes:
+        out.append("disaggregated")
+    return out
+
+
+def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
+    """The exact optimum of `p` by threshold search (module docstring); `Solution.x` as `mixed.solve_mixed`'s."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    zero = tuple(tuple(0 for _ in g.slots) for g in p.groups)
+    best_x, inc = None, math.inf
+    for x in _seed_layouts(p):
+        v = evaluate_mixed(p, x)
+        if v is not None and v < inc:
+            best_x, inc = x, v
+    heap: list = []  # (bound, tie, space, lo, hi, cost at hi or None when not yet bounded, a cost floor)
+    tie = 0
+    for mode in _modes(p):
+        sp = _space(p, mode, inc - p.constant_ms)
+        if sp is not None:
+            lo, hi = (0,) * (1 + len(sp.roles)), (sp.ts.size - 1, *(q.size - 1 for q in sp.qs))
+            heapq.heappush(heap, (sp.value(lo) + p.constant_ms, tie, sp, lo, hi, None, 0.0))
+            tie += 1
+    gp = GroupPrices.of(p)
+    solved: dict = {}  # (mode, k-vector) -> (its exact transition cost or None, the largest budget tried)
+    proven, cut = True, math.inf
+    while heap:
+        bound, _, sp, lo, hi, cost, floor = heapq.heappop(heap)
+        if bound >= inc:
+            break
+        if time.perf_counter() >= deadline:
+            proven, cut = False, bound
+            break
+        kvec = sp.kvec(hi)
+        if cost is None:  # bound the block by its loosest corner: every point of it costs at least that
+            cost = max(_lp_bound(gp, kvec), floor)
+            bound = sp.value(lo) + cost + p.constant_ms
+            if bound >= inc:
+                continue
+            # then solve the corner's layout program, cut off at what could still beat the incumbent
+            # anywhere in the block: infeasible, the block goes; else its optimum bounds the block
+            key = (sp.mode, tuple(tuple(v.items()) for v in kvec.values()))
+            budget = int(inc) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
+            known, tried = solved.get(key, (None, -math.inf))
+            if known is None and tried < budget:
+                # the relaxed program first (`_inner_model`, exact=False); the exact one only where
+                # its layout misses the floors and the block is one candidate
+                for exact in (False, True):
+                    lm = _inner_model(p, sp.roles, kvec, exact)
+                    if math.isfinite(budget) and not lm.obj and budget < 0:
+                        tried = max(tried, budget)  # nothing costs anything here, and the budget is below zero
+                        break
+                    if math.isfinite(budget) and lm.obj:
+                        lm.row([(v, c) for v, c in lm.obj.items()], -INF, budget)
+                    raw = solve_model(lm, backend, max(deadline - time.perf_counter(), 0.01), workers, seed)
+                    x = None
+                    if raw.values is not None:
+                        x = tuple(tuple(int(round(raw.values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
+                        v = evaluate_mixed(p, x)
+                        if v is not None and v < inc:
+                            best_x, inc = x, v
+                    if raw.status not in ("optimal", "infeasible"):
+                        proven = False
+                        break
+                    if raw.status == "infeasible":
+                        tried = max(tried, budget)
+                        break
+                    if exact or _covers(p, x, kvec):
+                        known = raw.objective - p.constant_ms
+                        break
+                    cost = max(cost, raw.objective - p.constant_ms)  # a bound, not the corner's cost
+                    if lo != hi:
+                        break
+                solved[key] = (known, tried)
+            if known is not None:
+                cost = max(cost, known)
+            elif tried >= budget:
+                continue  # nothing within the budget covers even the loosest corner
+            bound = sp.value(lo) + cost + p.constant_ms
+            if bound >= inc or lo == hi:
+                continue
+        if lo == hi:
+            continue
+        # split the widest side; the lower half inherits the bound (its corner is tighter)
+        d = max(range(len(lo)), key=lambda d: _span(sp, d, lo, hi))
+        mid = (lo[d] + hi[d]) // 2
+        lo_hi = hi[:d] + (mid,) + hi[d + 1 :]
+        up_lo = lo[:d] + (mid + 1,) + lo[d + 1 :]
+        heapq.heappush(heap, (sp.value(lo) + cost + p.constant_ms, tie, sp, lo, lo_hi, None, cost))
+        heapq.heappush(heap, (sp.value(up_lo) + cost + p.constant_ms, tie + 1, sp, up_lo, hi, cost, cost))
+        tie += 2
+    ms = (time.perf_counter() - t0) * 1000.0
+    if best_x is None:
+        status = "infeasible" if proven else "no_solution"
+        return Solution(status, zero, 0, 0, -math.inf, ms, backend)  # type: ignore[arg-type]
+    status = "optimal" if proven else "feasible"
+    return Solution(status, best_x, completion_ms(p, best_x) or 0, int(inc), float(inc) if proven else min(cut, inc), ms, backend)  # type: ignore[arg-type]
+
+
+def _covers(p: MixedProblem, x: tuple[tuple[int, ...], ...], kvec: dict[int, dict]) -> bool:
+    """Do layout x's instances cover every serving role at these fewest-instance counts (floor(S N / k) summed >= S)?"""
+    counts = p.counts(x)
+    for r, ks in kvec.items():
+        units = p.roles[r].units
+        if sum((units * counts[r].get(kind, 0)) // k for kind, k in ks.items() if k > 0) < units:
+            return False
+    return True
+
+
+def _span(sp: Space, d: int, lo: tuple[int, ...], hi: tuple[int, ...]) -> float:
+    if hi[d] == lo[d]:
+        return -1.0
+    axis = sp.ts if d == 0 else sp.qs[d - 1]
+    return float(axis[hi[d]] - axis[lo[d]])
+
+
+def _seed_layouts(p: MixedProblem) -> list[tuple[tuple[int, ...], ...]]:
+    """The layouts `mixed._upper_bound` prices: the current one and every group colocated at one degree."""
+    layouts = [tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)]
+    for tp in sorted({t for g in p.groups for r, t in g.slots if r == 0}):
+        x = []
+        for g in p.groups:
+            col = [(t, i) for i, (r, t) in enumerate(g.slots) if r == 0 and t <= max(tp, 1) and g.ub(i)]
+            v = [0] * len(g.slots)
+            if col:
+                t, i = max(col)
+                v[i] = g.ub(i)
+            x.append(tuple(v))
+        layouts.append(tuple(x))
+    return layouts
