@@ -38,11 +38,13 @@ class RoleTable:
     queue: np.ndarray | None = field(default=None, compare=False)
     gpu_type: str = ""  # the GPU type the table was built for ("": the experiment's one rollout type)
     improving: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
+    improving_rows: np.ndarray = field(init=False, compare=False, repr=False)  # the same entries with k > 0, as (n, 3) integers
 
     def __post_init__(self) -> None:
         if self.queue is None:
             object.__setattr__(self, "queue", np.zeros(self.seconds.shape[0]))
         object.__setattr__(self, "improving", improving_entries(self.seconds, self.queue))
+        object.__setattr__(self, "improving_rows", np.array([e for e in self.improving if e[0] > 0], dtype=np.int64).reshape(-1, 3))
 
     @property
     def max_instances(self) -> int:

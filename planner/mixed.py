@@ -41,6 +41,7 @@ time + queue alone exceed the current layout's objective.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -83,6 +84,10 @@ class KindTable:
     k: np.ndarray = field(compare=False)
     t: np.ndarray = field(compare=False)
     q: np.ndarray = field(compare=False)
+    falling: bool = field(init=False, compare=False)  # t and q both non-increasing with k (so far every shipped table's)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "falling", bool(np.all(np.diff(self.t) <= 0) and np.all(np.diff(self.q) <= 0)))
 
     @classmethod
     def of(cls, kind: Kind, entries: tuple[Entry, ...]) -> KindTable:
@@ -99,11 +104,6 @@ class KindTable:
         i = np.searchsorted(self.t[order], t_max, side="right") - 1
         return np.where(i >= 0, best[np.maximum(i, 0)], 0)
 
-    @property
-    def falling(self) -> bool:
-        """t and q both non-increasing with k (so far every shipped table's)."""
-        return bool(np.all(np.diff(self.t) <= 0) and np.all(np.diff(self.q) <= 0))
-
     def keep(self, mask: np.ndarray) -> KindTable:
         return KindTable(self.kind, self.k[mask], self.t[mask], self.q[mask])
 
@@ -111,6 +111,10 @@ class KindTable:
         """Per (t_max, q_max) pair: the fewest instances k of an entry with t <= t_max and q <= q_max (0: none)."""
         if self.k.size == 0:
             return np.zeros(np.broadcast(t_max, q_max).shape, dtype=np.int64)
+        if self.falling:  # the entries meeting t_max and those meeting q_max are suffixes: the later start wins
+            t_max, q_max = np.broadcast_arrays(np.asarray(t_max), np.asarray(q_max))
+            i = np.maximum(np.searchsorted(-self.t, -t_max, side="left"), np.searchsorted(-self.q, -q_max, side="left"))
+            return np.where(i < self.k.size, self.k[np.minimum(i, self.k.size - 1)], 0)
         ok = (self.t <= np.asarray(t_max)[..., None]) & (self.q <= np.asarray(q_max)[..., None])
         return np.where(ok.any(axis=-1), np.where(ok, self.k, np.iinfo(np.int64).max).min(axis=-1), 0)
 
@@ -228,6 +232,7 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
     w = inputs.weights.transition_weight / inputs.weights.horizon_batches
     c = inputs.costs
 
+    @functools.cache
     def slots_of(typ: str, cap: int) -> tuple[Slot, ...]:
         out = []
         for r, role in enumerate(ROLES):
@@ -283,12 +288,20 @@ def _role_tables(groups: list[MixedGroup], r: int, tables: dict, work: float | N
     configured = [t for (ro, _, _), t in tables.items() if ro == role]
     units = share_units(max((t.max_instances for t in configured), default=1))
 
-    def entries(kind: Kind) -> tuple[Entry, ...]:
+    def table(kind: Kind) -> KindTable:
         # every entry, not only k <= what fits of the kind: a mix runs kinds at shares they cannot reach alone
-        e = tables[(role, *kind)].improving
-        return e if work is None else price_entries(e, work)
+        rows = tables[(role, *kind)].improving_rows
+        kt = KindTable(kind, rows[:, 0], rows[:, 1], rows[:, 2])
+        if work is None or work == 1.0:
+            return kt
+        if kt.falling:  # rounding keeps t and q falling, so an entry is dominated exactly when it repeats the one before
+            t, q = np.round(work * kt.t).astype(np.int64), np.round(work * kt.q).astype(np.int64)
+            keep = np.ones(kt.k.size, dtype=bool)
+            keep[1:] = (t[1:] != t[:-1]) | (q[1:] != q[:-1])
+            return KindTable(kind, kt.k[keep], t[keep], q[keep])
+        return KindTable.of(kind, price_entries(tables[(role, *kind)].improving, work))
 
-    return RoleKinds(tuple(KindTable.of(k, entries(k)) for k in kinds), units)
+    return RoleKinds(tuple(table(k) for k in kinds), units)
 
 
 def _dominated(rk: RoleKinds, groups: list[MixedGroup]) -> set[Kind]:
