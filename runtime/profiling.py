@@ -33,7 +33,7 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                "repeats": int, "decode_steps": int, "points": int},
       "engine": {dtype, load_format, max_model_len, block_size, max_num_batched_tokens,
                  enforce_eager, prefix_caching, kv_cache_gib, cpu_threads_bind, seed,
-                 clock ("wall", "thread" or "served": what "seconds" below measured),
+                 clock ("wall", "thread", "served" or "runtime": what "seconds" below measured),
                  engines (served engines measured at once on this machine),
                  load ("none"; "mirror": every engine ran the same point at the same time;
                        "pd": engine 0 prefilled each point and handed its KV to engine 1, which
@@ -131,7 +131,7 @@ class EngineSettings:
     kv_cache_gib: int = 1
     cpu_threads_bind: str = "auto"
     seed: int = 0
-    clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point; "served": runtime.profiling_served
+    clock: str = "wall"  # "wall" | "thread": see EngineProfiler.run_point; "served": runtime.profiling_served; "runtime": runtime.profiling_runtime
     engines: int = 1  # served only: engines measured at once on one machine, each under the others' load
     pd: bool = False  # served, 2 engines: engine 0 prefills (KV producer), engine 1 decodes what it hands over
 
@@ -372,6 +372,10 @@ def profile_engine(
         from runtime.profiling_served import ServedProfiler
 
         profiler: EngineProfiler | ServedProfiler = ServedProfiler(settings)
+    elif settings.clock == "runtime":
+        from runtime.profiling_runtime import RuntimeProfiler
+
+        profiler = RuntimeProfiler(settings)
     else:
         profiler = EngineProfiler(settings)
     load0 = os.getloadavg()[0]
@@ -409,8 +413,10 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
     engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
     engine["prefix_caching"] = True
     engine["load"] = "pd" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
-    if settings.clock == "served":  # engines and requests as the runtime's (runtime/profiling_served.py)
+    if settings.clock in ("served", "runtime"):  # engines and requests as the runtime's (runtime/profiling_served.py)
         engine["requests"] = "runtime: sampled at temperature 1 with log-probabilities, streamed"
+        if settings.clock == "runtime":
+            engine["requests"] += "; engines in RolloutWorker Ray actors, requests sent through Ray"
         # the engine core's process layout (runtime/ray_runtime/vllm_args.py: executor_backend)
         from runtime.ray_runtime.vllm_args import executor_backend
 

@@ -53,6 +53,15 @@ from runtime.profiling import EngineSettings, GridPoint, _Run
 RUNTIME_TEMPERATURE = 1.0  # models.config.RuntimeSpec.temperature's default: how rollouts sample
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One request's engine timestamps (`engines.engine_times`: queued, scheduled, first token,
+    last token, generated) and the prompt tokens it found cached."""
+
+    times: tuple[float, float, float, float, int] | None
+    cached: int
+
+
 @dataclass
 class ServedProfiler:
     """Owns `settings.engines` AsyncLLMs (engine cores in their own processes) and measures their steps."""
@@ -110,34 +119,39 @@ class ServedProfiler:
     def _tokens(self, n: int) -> list[int]:
         return self._rng.integers(16, self._vocab, size=n).tolist()
 
-    async def _one(self, engine: Any, prompt: list[int], max_tokens: int) -> Any:
+    async def _one(self, i: int, prompt: list[int], max_tokens: int) -> Timed:
         """One request as the runtime sends it (`vllm_args.sampling_params`: sampled, with
-        log-probabilities, streamed), at a fixed length; its last output carries the engine's
-        timestamps and cache hits."""
+        log-probabilities, streamed), at a fixed length; its engine's timestamps and cache hits."""
         from vllm import TokensPrompt
 
+        from runtime.ray_runtime.engines import engine_times
         from runtime.ray_runtime.vllm_args import sampling_params
 
         rid = next(self._ids)
         params = sampling_params(max_tokens, RUNTIME_TEMPERATURE, rid, "full", "ExampleConnector", ignore_eos=True)
         last, cached = None, 0
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{rid}"):
+        async for out in self._engines[i].generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"s{rid}"):
             last, cached = out, out.num_cached_tokens or cached
-        if last is not None:
-            last.num_cached_tokens = cached
-        return last
+        return Timed(engine_times(last.metrics if last is not None else None), int(cached or 0))
 
-    async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Any]]:
-        """Submit engine i's prompts[i] while every scheduler is paused, then release them together."""
+    async def _hold(self) -> None:
+        """Pause every engine's scheduler, keeping its warmed prefixes."""
         for engine in self._engines:
             await engine.pause_generation(mode="keep", clear_cache=False)
-        tasks = [[asyncio.ensure_future(self._one(engine, p, max_tokens)) for p in ps] for engine, ps in zip(self._engines, prompts)]
-        await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # every request reaches its paused core
+
+    async def _release(self) -> None:
         await asyncio.gather(*(engine.resume_generation() for engine in self._engines))
+
+    async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Timed]]:
+        """Submit engine i's prompts[i] while every scheduler is paused, then release them together."""
+        await self._hold()
+        tasks = [[asyncio.ensure_future(self._one(i, p, max_tokens)) for p in ps] for i, ps in enumerate(prompts)]
+        await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # every request reaches its paused core
+        await self._release()
         return [list(await asyncio.gather(*ts)) for ts in tasks]
 
     def _each(self, make: Any) -> list[list[list[int]]]:
-        return [make() for _ in self._engines]
+        return [make() for _ in range(self.settings.engines)]
 
     def warm_up(self) -> None:
         for n in (1, 4):
@@ -172,7 +186,7 @@ class ServedProfiler:
         prefill_s, _ = self._timings(produced, point, 0)
         [_, consumed] = self._loop.run_until_complete(self._batch([[], prompts], 1 + decode_steps))
         handoff_s, decode_s = self._timings(consumed, point, decode_steps, check_cache=False)
-        loaded = sum(int(o.num_cached_tokens or 0) for o in consumed)
+        loaded = sum(o.cached for o in consumed)
         if loaded < n * ((c + l - 1) // block) * block:  # it computes at least the last token itself
             raise RuntimeError(f"the decode engine loaded {loaded} KV tokens for {n} prompts of {c + l} (expected their full blocks): no handoff")
         cached = self._cached_tokens(point)
@@ -182,20 +196,20 @@ class ServedProfiler:
         """One engine's first step (prefill) and median decode step from its requests' timestamps,
         checked (with check_cache, that the warmed prefixes were prefix-cache hits)."""
         n, l, c = point.batch, point.prompt_tokens, point.context_tokens
-        stats = [o.metrics for o in outs]
-        if any(m is None or not m.first_token_ts for m in stats):
+        stats = [o.times for o in outs]
+        if any(m is None for m in stats):
             raise RuntimeError("the served engine returned no per-request timestamps (log_stats off?)")
-        prefill = statistics.median(m.first_token_ts - m.scheduled_ts for m in stats)
-        firsts = [m.first_token_ts for m in stats]
+        prefill = statistics.median(first - scheduled for _, scheduled, first, _, _ in stats)  # type: ignore[misc]
+        firsts = [first for _, _, first, _, _ in stats]  # type: ignore[misc]
         if max(firsts) - min(firsts) > 0.1 * prefill + 1e-3:
             raise RuntimeError(f"prefill of {n} x {l} tokens did not run as one engine step (first tokens {max(firsts) - min(firsts):.4f} s apart)")
         expected = self._cached_tokens(point)
-        hit = sum(int(o.num_cached_tokens or 0) for o in outs)
+        hit = sum(o.cached for o in outs)
         if check_cache and hit != expected:
             raise RuntimeError(f"prefix cache hit {hit} tokens, expected {expected} (n={n}, context={c})")
         if not decode_steps:
             return prefill, float("nan")
-        decode = [(m.last_token_ts - m.first_token_ts) / (m.num_generation_tokens - 1) for m in stats if m.num_generation_tokens > 1]
+        decode = [(last - first) / (generated - 1) for _, _, first, last, generated in stats if generated > 1]  # type: ignore[misc]
         if len(decode) != n:
             raise RuntimeError(f"expected {decode_steps} decode steps for each of {n} requests")
         return prefill, statistics.median(decode)

@@ -86,17 +86,19 @@ def test_profile_writes_real_step_timings(profiled) -> None:
 
 
 @pytest.mark.vllm
-def test_served_pd_profile_times_a_prefill_decode_pair(tmp_path: Path) -> None:
-    """`--clock served --engines 2 --pd`: two engine cores in their own processes, one per core,
-    joined by the runtime's KV connector: engine 0 prefills each point (all n prompts in one
-    step, checked) and stores its KV, engine 1 loads it (checked: whole blocks arrive) and
-    decodes. The same served, co-located path `--engines 2` alone measures (load "mirror")."""
-    out = tmp_path / "served-pd.jsonl"
+def test_runtime_pd_profile_times_a_prefill_decode_pair(tmp_path: Path) -> None:
+    """`--clock runtime --engines 2 --pd`: the deployment's engines, each in a RolloutWorker Ray
+    actor on its own core, requests sent through Ray and joined by the runtime's KV connector:
+    engine 0 prefills each point (all n prompts released together into one step, checked) and
+    stores its KV, engine 1 loads it (checked: whole blocks arrive) and decodes. The served
+    clock shares this code with AsyncLLM engines in the profiler's process instead of actors."""
+    out = tmp_path / "runtime-pd.jsonl"
     res = _pearl("profile", "--model-dir", str(TINY), "--model", "tiny", "--hardware", "cpu", "--out", str(out), "--grid", "tiny", "--dtype", "float32",
-                 "--cpu-bind", "0|1", "--clock", "served", "--engines", "2", "--pd", "--repeats", "3")
+                 "--cpu-bind", "0|1", "--clock", "runtime", "--engines", "2", "--pd", "--repeats", "3", timeout=360)
     assert res.returncode == 0, res.stderr[-3000:]
     header, samples = read_samples(out)
-    assert header["engine"]["clock"] == "served" and header["grid"]["points"] == 8
+    assert header["engine"]["clock"] == "runtime" and header["grid"]["points"] == 8
+    assert "RolloutWorker" in header["engine"]["requests"]
     assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "pd" and header["engine"]["cpu_threads_bind"] == "0|1"
     by_kind = {k: [s for s in samples if s.kind == k] for k in ("prefill", "decode", "handoff")}
     assert all(len(v) == 8 for v in by_kind.values()) and all(s.seconds > 0 for s in samples)

@@ -48,7 +48,7 @@ def _check_header(samples: Path, header: dict) -> None:
         raise ConfigError(samples, "header.load_avg", brief_value(header["load_avg"]), "[before, after]: two load averages")
     engine = header.get("engine") or {}
     if not isinstance(engine.get("clock", ""), str):
-        raise ConfigError(samples, "header.engine.clock", brief_value(engine["clock"]), "wall, thread or served")
+        raise ConfigError(samples, "header.engine.clock", brief_value(engine["clock"]), "wall, thread, served or runtime")
     if "max_num_batched_tokens" in engine:  # predictions read it from the profile (a step's token budget)
         check_number(samples, "header.engine.max_num_batched_tokens", engine["max_num_batched_tokens"], 1, MAX_TOKENS, integer=True)
 

@@ -27,10 +27,10 @@ def profile(
     kv_cache_gib: int = int_option(1, "--kv-cache-gib", lo=1, hi=4096, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)"),
     cpu_bind: str = typer.Option("auto", "--cpu-bind", help="CPU cores the engine's threads use (VLLM_CPU_OMP_THREADS_BIND), e.g. 0"),
     max_num_batched_tokens: int = int_option(2048, "--max-num-batched-tokens", lo=64, hi=1 << 20, help="engine token budget per step (vLLM serving default 2048); larger grid prefills are skipped"),
-    clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, blind to other processes on this machine though not to a VM host's stolen cycles) | served (an AsyncLLM engine in its own process, as rollouts run it: the engine core's per-request timestamps)"),
+    clock: str = typer.Option("wall", "--clock", help="wall | thread (CPU engines pinned to one core: the engine thread's CPU time, blind to other processes on this machine though not to a VM host's stolen cycles) | served (an AsyncLLM engine in its own process: the engine core's per-request timestamps) | runtime (the same timestamps, engines inside the runtime's RolloutWorker Ray actors and requests sent through Ray, as `pearl train` runs them: the deployment)"),
     repeats: int = int_option(0, "--repeats", lo=0, hi=1000, help="repeats per point (0: the grid's default, >= 3)"),
-    pd: bool = typer.Option(False, "--pd", help="with --clock served --engines 2: profile a disaggregated pair (engine 0 prefills and hands its KV to engine 1, which decodes) through the runtime's KV connector; adds 'handoff' samples"),
-    engines: int = int_option(1, "--engines", lo=1, hi=64, help="with --clock served: engines run at once, as co-located rollout engines run (each point runs on all of them together; engine i binds to the i-th '|'-part of --cpu-bind, e.g. '0|1')"),
+    pd: bool = typer.Option(False, "--pd", help="with --clock served|runtime --engines 2: profile a disaggregated pair (engine 0 prefills and hands its KV to engine 1, which decodes) through the runtime's KV connector; adds 'handoff' samples"),
+    engines: int = int_option(1, "--engines", lo=1, hi=64, help="with --clock served|runtime: engines run at once, as co-located rollout engines run (each point runs on all of them together; engine i binds to the i-th '|'-part of --cpu-bind, e.g. '0|1')"),
 ) -> None:
     """Drive a real vLLM engine over a grid of batch, prompt and cached-context sizes; write step timings."""
     from dataclasses import replace
@@ -45,16 +45,17 @@ def profile(
         raise ConfigError("--dtype", "dtype", dtype, "auto, float32, bfloat16 or float16")
     if load_format not in ("auto", "dummy"):
         raise ConfigError("--load-format", "load_format", load_format, "auto or dummy")
-    if clock not in ("wall", "thread", "served"):
-        raise ConfigError("--clock", "clock", clock, "wall, thread or served")
+    served = clock in ("served", "runtime")
+    if clock not in ("wall", "thread", "served", "runtime"):
+        raise ConfigError("--clock", "clock", clock, "wall, thread, served or runtime")
     if clock == "thread" and not cpu_bind.isdigit():
         raise ConfigError("--clock", "clock", clock, "'thread' only with --cpu-bind set to one core (e.g. 0): the engine must compute on one thread")
-    if engines > 1 and clock != "served":
-        raise ConfigError("--engines", "engines", engines, "1 unless --clock served (several engines at once run as served AsyncLLM engines)")
-    if pd and (clock != "served" or engines != 2):
-        raise ConfigError("--pd", "pd", True, "only with --clock served --engines 2 (a prefill engine and a decode engine)")
+    if engines > 1 and not served:
+        raise ConfigError("--engines", "engines", engines, "1 unless --clock served or runtime (several engines at once run as served AsyncLLM engines)")
+    if pd and (not served or engines != 2):
+        raise ConfigError("--pd", "pd", True, "only with --clock served or runtime and --engines 2 (a prefill engine and a decode engine)")
     parts = cpu_bind.split("|")
-    if clock == "served" and cpu_bind != "auto" and (any(not part for part in parts) or len(parts) not in (1, engines)):
+    if served and cpu_bind != "auto" and (any(not part for part in parts) or len(parts) not in (1, engines)):
         raise ConfigError("--cpu-bind", "cpu_bind", cpu_bind, f"one binding for all engines, or {engines} separated by '|' (one per engine), e.g. 0|1")
     lookup_model_and_hardware(model, hardware)  # bad --model / --hardware: one clear error before an engine starts
     profiling.check_model_dir(model_dir, load_format)

@@ -45,6 +45,7 @@ class GenRequest:
     temperature: float = 1.0
     seed: int | None = None
     kv_params: dict[str, Any] | None = None  # NixlConnector hand-off from the prefill result
+    ignore_eos: bool = False  # fixed-length requests: `pearl profile --clock runtime` times steps with them
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,16 @@ class GenResult:
     elapsed_s: float = 0.0
     loaded_tokens: int = 0  # prompt tokens whose KV the connector loaded from a prefill engine
     first_version: int = -1  # version when the request arrived (< weight_version: updated mid-request)
+    # vLLM's per-request stats (queued, scheduled, first token, last token timestamps: one clock per
+    # engine; tokens generated), what profiles time steps with; None when the engine kept none
+    engine_times: tuple[float, float, float, float, int] | None = None
+
+
+def engine_times(stats: Any) -> tuple[float, float, float, float, int] | None:
+    """(queued, scheduled, first token, last token, generated tokens) of vLLM's per-request stats, if it kept them."""
+    if stats is None or not getattr(stats, "first_token_ts", 0.0):
+        return None
+    return (float(stats.queued_ts), float(stats.scheduled_ts), float(stats.first_token_ts), float(stats.last_token_ts), int(stats.num_generation_tokens))
 
 
 class Engine(Protocol):
@@ -105,7 +116,7 @@ class VLLMEngine:
         return {"start_s": start_s, "pid": os.getpid(), "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")}
 
     def _sampling(self, req: GenRequest) -> Any:
-        return sampling_params(req.max_tokens, req.temperature, req.seed, req.phase, self.settings.kv_connector, req.kv_params)
+        return sampling_params(req.max_tokens, req.temperature, req.seed, req.phase, self.settings.kv_connector, req.kv_params, ignore_eos=req.ignore_eos)
 
     async def generate(self, req: GenRequest) -> GenResult:
         from vllm import TokensPrompt
@@ -114,8 +125,9 @@ class VLLMEngine:
         first_version = self.weight_version
         toks: list[int] = []
         lps: list[float] = []
-        finish, cached, kv_out = None, 0, None
+        finish, cached, kv_out, stats = None, 0, None, None
         async for out in self._engine.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)), self._sampling(req), request_id=req.request_id):
+            stats = out.metrics or stats
             o = out.outputs[0]
             toks.extend(o.token_ids)
             if o.logprobs:
@@ -127,7 +139,7 @@ class VLLMEngine:
             lps = (lps + [0.0] * len(toks))[: len(toks)]
         kv_out = dict(kv_out) if kv_out else None
         loaded = int(kv_out.pop(LOADED_TOKENS, 0)) if kv_out else 0
-        return GenResult(req.request_id, tuple(toks), tuple(lps), finish, int(cached or 0), self.weight_version, kv_out or None, time.perf_counter() - t0, loaded, first_version)
+        return GenResult(req.request_id, tuple(toks), tuple(lps), finish, int(cached or 0), self.weight_version, kv_out or None, time.perf_counter() - t0, loaded, first_version, engine_times(stats))
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
@@ -139,6 +151,14 @@ class VLLMEngine:
         never finishes and, paused together, the two engines deadlock. Those engines pause
         with 'wait': new requests queue, in-flight ones finish on the old weights."""
         return "wait" if self.settings.kv_connector == "NixlConnector" and self.role != "colocated" else "keep"
+
+    async def hold(self) -> None:
+        """Pause the scheduler with requests kept and prefixes cached: a profiler releases a
+        point's requests together, so that their prefills share one step."""
+        await self._engine.pause_generation(mode="keep", clear_cache=False)
+
+    async def release(self) -> None:
+        await self._engine.resume_generation()
 
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
         """pause -> reload -> resume; in-flight requests survive (see _pause_mode)."""

@@ -129,6 +129,17 @@ class RolloutWorker:
         finally:
             self.inflight[slot].discard(req.request_id)
 
+    async def hold(self, slot: int) -> None:
+        """`pearl profile --clock runtime`: pause the slot's scheduler (vLLM engines only)."""
+        await self.engines[slot].hold()  # type: ignore[attr-defined]
+
+    async def release(self, slot: int) -> None:
+        await self.engines[slot].release()  # type: ignore[attr-defined]
+
+    async def in_flight(self, slot: int) -> int:
+        """Requests of the slot that reached this actor and are not finished."""
+        return len(self.inflight.get(slot, ()))
+
     async def load_weights(self, blob: bytes, version: int) -> dict[int, dict[str, float]]:
         """Push new weights to every engine of this worker; in-flight requests pause and resume."""
         self.blob, self.version = blob, version

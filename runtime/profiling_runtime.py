@@ -1,0 +1,119 @@
+"""Step times of engines inside the runtime itself: `pearl profile --clock runtime`.
+
+The served profiler (runtime/profiling_served.py) runs AsyncLLM engines in its own process;
+the runtime runs each engine inside a RolloutWorker Ray actor, with its client, the Ray
+core worker and raylet, and the driver beside it. On a machine whose cores the engines fill,
+those processes take their CPU from the engines: measured on this 2-core machine, a decode
+step at 8 sequences took ~8.6 ms served and ~10.9 ms through the actors (the same requests,
+timed by the same engine-core timestamps). A profile of what is deployed has to be measured
+here.
+
+This profiler is the served one with the engines swapped for the runtime's: Ray starts as
+`pearl train` starts it locally (one custom resource per slot), each engine is a
+`RolloutWorker` actor started on its slot with the slot's binding (`resources.slot_env`),
+and every request is a `GenRequest` sent from this process through Ray, as the rollout
+driver sends turns (P/D pairs: the prefill request's KV parameters travel to the decode
+request). Points are released together by pausing each engine's scheduler in the actor
+(`RolloutWorker.hold` / `release`); timings are the engine core's own per-request
+timestamps (`GenResult.engine_times`), so the grid, samples and checks are the served
+profiler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.profiling_served import RUNTIME_TEMPERATURE, ServedProfiler, Timed
+
+
+@dataclass
+class RuntimeProfiler(ServedProfiler):
+    """`settings.engines` RolloutWorker actors (one slot each) measured through Ray."""
+
+    _actors: list[Any] = field(default_factory=list, init=False, repr=False)
+    _roles: list[str] = field(default_factory=list, init=False, repr=False)
+    _kv: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # P/D: prompt key -> the prefill's KV parameters
+
+    def start(self) -> None:
+        import ray
+
+        from runtime.ray_runtime.engines import GenRequest  # noqa: F401  (import errors before Ray starts)
+        from runtime.ray_runtime.resources import Slot, resource_name, slot_env
+        from runtime.ray_runtime.rollout_worker import RolloutWorker
+        from runtime.ray_runtime.vllm_args import EngineSettings
+
+        s = self.settings
+        self._store = tempfile.mkdtemp(prefix="pearl-profile-kv-")
+        slots = [Slot(f"profile-{i}", i, "rollout", resource_name(i), bind if bind != "auto" else str(i % (os.cpu_count() or 1))) for i, bind in enumerate(s.engine_bindings())]
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib), "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
+               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "PYTHONPATH": repo}
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, resources={slot.resource: 1.0 for slot in slots}, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": env}, object_store_memory=256 * 2**20)
+        # the runtime's engine settings (bootstrap._engine_settings), the profile's own on top
+        deployed = EngineSettings(os.path.abspath(s.model_dir), s.dtype, s.max_model_len, s.block_size, s.enforce_eager, kv_store=self._store, seed=s.seed)
+        self._roles = [("prefill", "decode")[i] if s.pd else "colocated" for i in range(len(slots))]
+        t0 = time.perf_counter()
+        self._actors = [ray.remote(RolloutWorker).options(num_cpus=0, resources={slot.resource: 1.0}, runtime_env={"env_vars": slot_env(slot, "cpu")}, max_concurrency=1000)
+                        .remote("vllm", deployed, None, ()) for slot in slots]
+        infos = ray.get([a.start_slot.remote(0, role) for a, role in zip(self._actors, self._roles)])
+        failed = [str(i.get("error")) for i in infos if not i.get("ok")]
+        if failed:
+            raise RuntimeError(f"a runtime engine failed to start: {failed[0]}")
+        self.engine_start_s = time.perf_counter() - t0
+        from transformers import AutoConfig
+
+        self._vocab = int(AutoConfig.from_pretrained(s.model_dir).vocab_size)
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get([a.shutdown.remote() for a in self._actors], timeout=60)
+        except Exception:  # a dead actor has nothing left to shut down
+            pass
+        self._actors = []
+        ray.shutdown()
+        shutil.rmtree(self._store, ignore_errors=True)
+        self._loop.close()
+
+    async def _one(self, i: int, prompt: list[int], max_tokens: int) -> Timed:
+        """A turn's request as the rollout driver sends it; a P/D decode carries its prefill's KV parameters."""
+        from runtime.ray_runtime.engines import GenRequest
+
+        rid = next(self._ids)
+        role = self._roles[i]
+        key = str(hash(tuple(prompt)))
+        phase = "full" if role == "colocated" else role
+        req = GenRequest(f"p{rid}", tuple(prompt), max_tokens, phase, RUNTIME_TEMPERATURE, rid, self._kv.pop(key, None) if role == "decode" else None, ignore_eos=True)  # type: ignore[arg-type]
+        res = await self._actors[i].generate.remote(0, req)
+        if role == "prefill":
+            self._kv[key] = res.kv_params
+        return Timed(res.engine_times, int(res.cached_tokens))
+
+    async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Timed]]:
+        """As the served profiler, but a request crosses Ray before it reaches its engine: the
+        release waits until every actor holds all of its point's requests."""
+        await self._hold()
+        tasks = [[asyncio.ensure_future(self._one(i, p, max_tokens)) for p in ps] for i, ps in enumerate(prompts)]
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            held = await asyncio.gather(*(a.in_flight.remote(0) for a in self._actors))
+            if all(h >= len(ps) for h, ps in zip(held, prompts)):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # from the actor into its paused core
+        await self._release()
+        return [list(await asyncio.gather(*ts)) for ts in tasks]
+
+    async def _hold(self) -> None:
+        await asyncio.gather(*(a.hold.remote(0) for a in self._actors))
+
+    async def _release(self) -> None:
+        await asyncio.gather(*(a.release.remote(0) for a in self._actors))
