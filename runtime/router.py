@@ -1,6 +1,8 @@
 """Where a request goes: one routing rule for the simulator and the Ray runtime.
 
-An engine is chosen by power-of-two choices on load (outstanding requests), except that a
+An engine is chosen by power-of-two choices on load (outstanding requests: two distinct
+candidates, so that two engines always split evenly; drawn with replacement, half the draws
+were one engine twice and a batch's first turn could land 3:1 on two engines), except that a
 trajectory goes back to the engine that served its previous turn, which still holds its
 prefix in cache, unless that engine is much busier than the alternative. The path rule
 picks colocated or prefill->decode for a turn: with both kinds serving, a trajectory stays
@@ -28,7 +30,9 @@ def pick(candidates: Sequence[K], load: Callable[[K], float], home: K | None, dr
         best = candidates[0]
     else:
         n = len(candidates)
-        x, y = candidates[draw(n)], candidates[draw(n)]
+        i = draw(n)
+        j = (i + 1 + draw(n - 1)) % n  # uniform over the others
+        x, y = candidates[i], candidates[j]
         best = x if load(x) <= load(y) else y
     if home is not None and load(home) <= STICKY_FACTOR * load(best) + STICKY_SLACK:
         return home

@@ -81,27 +81,34 @@ def test_pick_empty_is_none_and_single_is_that_one() -> None:
     assert router.pick(["a"], lambda k: 100.0, None, draws()) == "a"
 
 
-def test_pick_best_of_two_draws_over_all_candidates() -> None:
+def test_pick_best_of_two_distinct_draws() -> None:
     load = {"a": 5.0, "b": 1.0, "c": 3.0}.__getitem__
-    d = draws(0, 2)
+    d = draws(0, 1)  # a, then the second of the others (b, c): c
     assert router.pick(["a", "b", "c"], load, None, d) == "c"  # the best of the two drawn, not the global best
-    assert d.calls == [3, 3]
-    assert router.pick(["a", "b", "c"], load, None, draws(2, 0)) == "c"
-    assert router.pick(["a", "b", "c"], {"a": 2.0, "b": 2.0, "c": 2.0}.__getitem__, None, draws(1, 2)) == "b"  # tie: first draw
+    assert d.calls == [3, 2]
+    assert router.pick(["a", "b", "c"], load, None, draws(2, 0)) == "c"  # c, then a
+    assert router.pick(["a", "b", "c"], {"a": 2.0, "b": 2.0, "c": 2.0}.__getitem__, None, draws(1, 0)) == "b"  # tie: first draw
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_pick_of_two_engines_is_always_the_less_loaded(first: int) -> None:
+    """Two distinct candidates: with two engines every draw compares both (a batch splits evenly)."""
+    loads = {"a": 1.0, "b": 0.0}
+    assert router.pick(["a", "b"], loads.__getitem__, None, draws(first, 0)) == "b"
 
 
 @pytest.mark.parametrize(("home_load", "kept"), [(10.0, True), (10.0001, False), (0.0, True), (4.0, True)])
 def test_pick_home_kept_while_within_twice_best_plus_four(home_load: float, kept: bool) -> None:
     loads = {"home": home_load, "b": 3.0, "c": 7.0}
-    got = router.pick(["home", "b", "c"], loads.__getitem__, "home", draws(1, 2))
+    got = router.pick(["home", "b", "c"], loads.__getitem__, "home", draws(1, 0))
     assert got == ("home" if kept else "b")  # threshold 2 * 3 + 4 = 10
 
 
 def test_pick_home_against_an_idle_alternative() -> None:
     loads = {"home": 4.0, "b": 0.0}
-    assert router.pick(["home", "b"], loads.__getitem__, "home", draws(1, 1)) == "home"
+    assert router.pick(["home", "b"], loads.__getitem__, "home", draws(1, 0)) == "home"
     loads["home"] = 5.0
-    assert router.pick(["home", "b"], loads.__getitem__, "home", draws(1, 1)) == "b"
+    assert router.pick(["home", "b"], loads.__getitem__, "home", draws(1, 0)) == "b"
     assert router.pick(["home"], {"home": 50.0}.__getitem__, "home", draws()) == "home"  # nothing else to go to
 
 
