@@ -19,10 +19,10 @@ from typing import Any, Iterable, Literal
 import numpy as np
 
 from models.config import GPUSpec, LLMSpec
-from models.step_latency import FEATURES, EngineProfile, KVHandoff, StepCoefficients, StepShape, step_features
+from models.step_latency import FEATURES, EngineProfile, KVHandoff, RequestOverhead, StepCoefficients, StepShape, step_features
 
 SAMPLE_FIELDS = ("kind", "prefill_tokens", "prefill_requests", "prefill_prefix_tokens", "decode_seqs", "decode_context_tokens", "seconds")
-KINDS = ("prefill", "decode", "handoff")
+KINDS = ("prefill", "decode", "handoff", "request")
 
 # Stated ranges of a sample's numbers. Far beyond any engine step, yet small enough that the
 # features (token counts squared for attention, divided by a step time) stay finite floats.
@@ -42,7 +42,9 @@ FIELD_MAX = {"prefill_tokens": MAX_TOKENS, "prefill_requests": MAX_REQUESTS, "pr
 class StepSample:
     """One measured step (or a per-step average over several identical steps)."""
 
-    kind: Literal["prefill", "decode", "handoff"]  # handoff: a decode engine admitting requests whose KV it loads (prefill_prefix_tokens: loaded)
+    # handoff: a decode engine admitting requests whose KV it loads (prefill_prefix_tokens: loaded);
+    # request: a turn's time outside the engine with prefill_requests in flight on it (runtime clock)
+    kind: Literal["prefill", "decode", "handoff", "request"]
     prefill_tokens: float
     prefill_requests: float
     prefill_prefix_tokens: float
@@ -151,7 +153,7 @@ def _check_sample(path: Path, where: str, obj: dict) -> StepSample:
         raise ConfigError(path, f"{where}.{unknown[0]}", brief_value(obj[unknown[0]]), f"sample fields {list(SAMPLE_FIELDS)} and optional repeat_spread")
     kind, secs = obj["kind"], obj["seconds"]
     if kind not in KINDS or (_is_number(secs) and not secs > 0):  # NaN seconds fail `> 0` too
-        raise ConfigError(path, where, {"kind": brief_value(kind), "seconds": secs}, "kind prefill|decode|handoff and seconds > 0")
+        raise ConfigError(path, where, {"kind": brief_value(kind), "seconds": secs}, "kind prefill|decode|handoff|request and seconds > 0")
     values = {f: check_number(path, f"{where}.{f}", obj[f], 0, FIELD_MAX[f], integer=f in INTEGER_FIELDS) for f in FIELD_MAX}
     seconds = check_number(path, f"{where}.seconds", secs, *SECONDS_RANGE)
     spread = obj.get("repeat_spread", 0.0)
@@ -270,11 +272,26 @@ def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
     return _mape(pred, np.array([s.seconds for s in samples]))
 
 
+def _request_design(samples: list[StepSample]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([[1.0, s.prefill_requests] for s in samples]).reshape(-1, 2)
+    return x, np.array([s.seconds for s in samples])
+
+
+def fit_request_overhead(samples: list[StepSample]) -> RequestOverhead:
+    """NNLS on relative error: t = fixed + per_request * requests in flight on the engine."""
+    return RequestOverhead(*(float(v) for v in _nnls_relative(*_request_design(samples))))
+
+
+def request_mape(samples: list[StepSample], r: RequestOverhead) -> float:
+    pred = np.array([float(r.time(s.prefill_requests)) for s in samples])
+    return _mape(pred, np.array([s.seconds for s in samples]))
+
+
 def split_holdout(samples: list[StepSample], every: int = 4) -> tuple[list[StepSample], list[StepSample]]:
     """Deterministic split: every `every`-th sample (per kind) is held out."""
     train: list[StepSample] = []
     test: list[StepSample] = []
-    for kind in ("prefill", "decode", "handoff"):
+    for kind in KINDS:
         group = [s for s in samples if s.kind == kind]
         for i, s in enumerate(group):
             (test if every and i % every == every - 1 else train).append(s)
@@ -354,12 +371,13 @@ def fit_profile(
     n_ho: dict[str, int] = {}
     noise: dict[str, float | None] = {}
     # A P/D profile also fits the decode engine's takeover of prefilled requests.
-    kinds = ("prefill", "decode", "handoff") if any(s.kind == "handoff" for s in samples) else ("prefill", "decode")
-    handoff = None
+    # A runtime-clock profile also fits the requests' time outside the engine.
+    kinds = ("prefill", "decode", *(k for k in ("handoff", "request") if any(s.kind == k for s in samples)))
+    handoff, overhead = None, None
     for kind in kinds:
         tr = [s for s in train if s.kind == kind]
         ho = [s for s in test if s.kind == kind]
-        design = _handoff_design if kind == "handoff" else lambda group: _design(group, llm, gpu, tp)
+        design = {"handoff": _handoff_design, "request": _request_design}.get(kind, lambda group: _design(group, llm, gpu, tp))
         (x_tr, y_tr), (x_ho, _) = design(tr), design(ho)
         check_identifiable(kind, x_tr, y_tr, x_ho, source, holdout_every)
         try:
@@ -367,6 +385,10 @@ def fit_profile(
                 handoff = fit_handoff(tr)
                 vector = np.array([handoff.fixed_s, handoff.per_request_s, handoff.per_token_s])
                 tr_m[kind], ho_m[kind] = handoff_mape(tr, handoff), handoff_mape(ho, handoff)
+            elif kind == "request":
+                overhead = fit_request_overhead(tr)
+                vector = np.array([overhead.fixed_s, overhead.per_request_s])
+                tr_m[kind], ho_m[kind] = request_mape(tr, overhead), request_mape(ho, overhead)
             else:
                 coeffs[kind] = fit_coefficients(tr, llm, gpu, tp)
                 vector = coeffs[kind].vector()
@@ -388,5 +410,6 @@ def fit_profile(
         notes=f"fitted by `pearl fit` on {len(samples)} samples (tp={tp})",
         fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "repeat_noise_pct": noise, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
         kv_handoff=handoff,
+        request_overhead=overhead,
     )
     return FitReport(profile, tr_m, ho_m, n_tr, n_ho, noise)

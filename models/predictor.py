@@ -12,12 +12,14 @@ are decoding (rather than waiting on tools or prefill) sits in the batch, and th
 fraction depends on how fast decode steps are, which depends on the concurrency. Each
 turn solves this fixed point:
 
-    c = m * D / clip(w, D, T),   D = r * tau(c) / (1 - phi),   T = max(T_env + t_p + D, busy)
+    c = m * D / clip(w, D, T),   D = r * tau(c) / (1 - phi),   T = max(T_env + t_p + t_o + D, busy)
 
 with m trajectories per instance, tau(c) the decode step time at concurrency c,
 phi = P / T the share of engine time spent prefilling (0 on decode-only instances; in
 colocation prefills stall decodes: work-conserving), busy = P + m r tau(c) / c the
-engine's work per turn. Concurrency is capped by the KV cache that fits in memory.
+engine's work per turn, t_o the request's time outside its engine where the profile measured it
+(driver -> actor -> engine core and back, at m requests in flight: `pearl profile --clock
+runtime`). Concurrency is capped by the KV cache that fits in memory.
 Little's law holds for arrivals mixed over the whole cycle; w is the window over which the
 turn's arrivals actually spread (the workload's own spread of tool waits and response
 lengths, accumulated over the turns: 0 at turn 0, when all start together, and at every turn
@@ -278,6 +280,13 @@ class RolloutPredictor:
             self._cache["p1"] = self.prefill_engine.prefill_time(new, 1.0, prefix)
         return self._cache["p1"]
 
+    @staticmethod
+    def _outside_engine_s(engine: StepLatencyModel, m: np.ndarray) -> np.ndarray:
+        """A turn's time outside its engine with m requests in flight on it (driver -> actor ->
+        engine core and back), where the profile measured it (runtime clock); else 0."""
+        overhead = engine.profile.request_overhead
+        return np.zeros_like(m) if overhead is None else overhead.time(m)
+
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
         """KV over the link; zero where the profile measured the handoff itself (P/D profiles:
         the prefill steps include the connector's store, the decode side's takeover its load)."""
@@ -354,7 +363,7 @@ class RolloutPredictor:
         m = np.maximum(s.active[None, :] / np.asarray(n, dtype=float)[:, None], 1.0)
         new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
         p_busy = eng.prefill_time(m * new, m, m * prefix)
-        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix)
+        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix) + self._outside_engine_s(eng, m)
         t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
         return m, new, prefix, p_busy, t, c
 
@@ -395,7 +404,7 @@ class RolloutPredictor:
         new_p, prefix_p = s.prefill_engine_tokens()
         # a context the decode instance evicted crosses the link again with the new tokens
         sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
-        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine)
+        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + self._outside_engine_s(eng, m)
         handoff = eng.profile.kv_handoff
         if handoff is None:
             t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)

@@ -115,6 +115,27 @@ class KVHandoff:
 
 
 @dataclass(frozen=True)
+class RequestOverhead:
+    """Measured time a request spends outside its engine on each turn: the driver -> worker
+    actor -> engine core hops before it is queued and its last token's way back
+    (`pearl profile --clock runtime`). On a machine whose cores the engines fill, those
+    processes wait for CPU, so the time grows with the requests in flight per engine.
+    A P/D turn makes two calls (prefill, then decode): its profile holds their sum."""
+
+    fixed_s: float = 0.0
+    per_request_s: float = 0.0  # per request in flight on the engine
+
+    def time(self, requests: np.ndarray | float) -> np.ndarray:
+        return self.fixed_s + self.per_request_s * np.asarray(requests, dtype=float)
+
+    def scaled(self, k: float) -> "RequestOverhead":
+        return RequestOverhead(self.fixed_s * k, self.per_request_s * k)
+
+    def to_json(self) -> dict:
+        return {"fixed_s": self.fixed_s, "per_request_s": self.per_request_s}
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Fitted coefficients of one (hardware, model) engine, with provenance.
 
@@ -132,6 +153,7 @@ class EngineProfile:
     notes: str = ""
     fit: dict = field(default_factory=dict, compare=False, hash=False)
     kv_handoff: KVHandoff | None = None  # measured P -> D takeover (P/D profiles only)
+    request_overhead: RequestOverhead | None = None  # measured outside the engine (runtime-clock profiles only)
 
     def coefficients(self, kind: StepKind) -> StepCoefficients:
         return self.prefill if kind == "prefill" else self.decode
@@ -142,6 +164,7 @@ class EngineProfile:
             return self
         return replace(self, prefill=StepCoefficients.from_vector(self.prefill.vector() * k), decode=StepCoefficients.from_vector(self.decode.vector() * k),
                        kv_handoff=None if self.kv_handoff is None else self.kv_handoff.scaled(k),
+                       request_overhead=None if self.request_overhead is None else self.request_overhead.scaled(k),
                        notes=f"{self.notes} (runtime-calibrated x{k:.3g})".strip())
 
     def to_json(self) -> dict:
@@ -158,6 +181,7 @@ class EngineProfile:
             },
             "fit": self.fit,
             **({"kv_handoff": self.kv_handoff.to_json()} if self.kv_handoff is not None else {}),
+            **({"request_overhead": self.request_overhead.to_json()} if self.request_overhead is not None else {}),
         }
 
     @classmethod
@@ -174,6 +198,7 @@ class EngineProfile:
             notes=data.get("notes", ""),
             fit=data.get("fit", {}),
             kv_handoff=KVHandoff(**data["kv_handoff"]) if data.get("kv_handoff") else None,
+            request_overhead=RequestOverhead(**data["request_overhead"]) if data.get("request_overhead") else None,
         )
 
 
@@ -200,13 +225,15 @@ def load_profile(path: str | Path) -> EngineProfile:
         for k, v in coeffs.items():
             if not isinstance(v, (int, float)) or v < 0:
                 raise ConfigError(path, f"coefficients.{kind}.{k}", v, "a number >= 0")
-    handoff = data.get("kv_handoff")
-    if handoff is not None:
-        if not isinstance(handoff, dict) or set(handoff) - {"fixed_s", "per_request_s", "per_token_s"}:
-            raise ConfigError(path, "kv_handoff", handoff, "a mapping with keys fixed_s, per_request_s, per_token_s")
-        for k, v in handoff.items():
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(path, f"kv_handoff.{k}", v, "a number >= 0")
+    for key, allowed in (("kv_handoff", ("fixed_s", "per_request_s", "per_token_s")), ("request_overhead", ("fixed_s", "per_request_s"))):
+        terms = data.get(key)
+        if terms is None:
+            continue
+        if not isinstance(terms, dict) or set(terms) - set(allowed):
+            raise ConfigError(path, key, terms, f"a mapping with keys {', '.join(allowed)}")
+        for k, v in terms.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e6:
+                raise ConfigError(path, f"{key}.{k}", v, "a number >= 0")
     return EngineProfile.from_json(data)
 
 

@@ -64,7 +64,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -218,6 +218,7 @@ class _Run:
     new_tokens: int
     handoff_s: float = float("nan")  # P/D: the decode engine's admitting step (load + first token)
     loaded_tokens: int = 0  # P/D: KV tokens the decode engine loaded
+    overhead_s: float = float("nan")  # runtime clock: a turn's time outside the engine (both calls of a P/D turn)
 
 
 @dataclass
@@ -336,8 +337,11 @@ class EngineProfiler:
             seconds=statistics.median(statistics.median(r.decode_s) for r in runs),
             repeat_spread=_spread([statistics.median(r.decode_s) for r in runs]),
         )
+        request = () if any(math.isnan(r.overhead_s) for r in runs) else (StepSample(
+            kind="request", prefill_tokens=0.0, prefill_requests=float(n), prefill_prefix_tokens=0.0, decode_seqs=0.0, decode_context_tokens=0.0,
+            seconds=statistics.median(r.overhead_s for r in runs), repeat_spread=_spread([r.overhead_s for r in runs])),)
         if any(math.isnan(r.handoff_s) for r in runs):  # not a P/D pair
-            return prefill, decode
+            return (prefill, decode, *request)
         loaded = runs[0].loaded_tokens
         handoff = StepSample(
             kind="handoff",
@@ -349,7 +353,7 @@ class EngineProfiler:
             seconds=statistics.median(r.handoff_s for r in runs),
             repeat_spread=_spread([r.handoff_s for r in runs]),
         )
-        return prefill, decode, handoff
+        return (prefill, decode, handoff, *request)
 
     def warm_up(self) -> None:
         """First steps pay one-off costs (allocations, kernel selection): run some untimed."""
@@ -403,10 +407,24 @@ def profile_engine(
                     on_point(done, len(points) * grid.repeats, point)
         for point, point_runs in zip(points, runs):
             samples.extend(EngineProfiler.aggregate(point, point_runs, grid.decode_steps))
+        samples = merged_requests(samples)
     finally:
         profiler.close()
     facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     return samples, facts
+
+
+def merged_requests(samples: list[StepSample]) -> list[StepSample]:
+    """One `request` sample per requests-in-flight count: the median over the grid's points of
+    that batch (a request's way to its engine and back does not depend on its token counts),
+    so that a fit can hold a batch size out."""
+    steps = [s for s in samples if s.kind != "request"]
+    by_n: dict[float, list[StepSample]] = {}
+    for s in samples:
+        if s.kind == "request":
+            by_n.setdefault(s.prefill_requests, []).append(s)
+    merged = [replace(group[0], seconds=statistics.median(s.seconds for s in group), repeat_spread=statistics.median(s.repeat_spread for s in group)) for _, group in sorted(by_n.items())]
+    return steps + merged
 
 
 def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: str, facts: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:

@@ -92,10 +92,17 @@ class RuntimeProfiler(ServedProfiler):
         key = str(hash(tuple(prompt)))
         phase = "full" if role == "colocated" else role
         req = GenRequest(f"p{rid}", tuple(prompt), max_tokens, phase, RUNTIME_TEMPERATURE, rid, self._kv.pop(key, None) if role == "decode" else None, ignore_eos=True)  # type: ignore[arg-type]
+        sent = time.monotonic()
         res = await self._actors[i].generate.remote(0, req)
+        back = time.monotonic()
         if role == "prefill":
             self._kv[key] = res.kv_params
-        return Timed(res.engine_times, int(res.cached_tokens))
+        times = res.engine_times
+        # the request's way here and back (one machine: the engine's stats and this process
+        # read the same monotonic clock): the driver -> actor -> engine core hops before it is
+        # queued, and the last token's way back
+        overhead = (times[0] - sent) + (back - times[3]) if times is not None else float("nan")
+        return Timed(times, int(res.cached_tokens), overhead)
 
     async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Timed]]:
         """As the served profiler, but a request crosses Ray before it reaches its engine: the

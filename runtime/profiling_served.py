@@ -60,6 +60,7 @@ class Timed:
 
     times: tuple[float, float, float, float, int] | None
     cached: int
+    overhead_s: float = float("nan")  # runtime clock: the request's way to its engine and back, beyond the engine's own time
 
 
 @dataclass
@@ -167,7 +168,8 @@ class ServedProfiler:
         per_engine = self._loop.run_until_complete(self._batch([[pre + self._tokens(l) for pre in ps] for ps in prefixes], 1 + decode_steps))
         prefill_s, decode_s = zip(*(self._timings(outs, point, decode_steps) for outs in per_engine))
         cached = self._cached_tokens(point)
-        return _Run(statistics.median(prefill_s), [statistics.median(decode_s)], cached, n * (l + c) - cached)
+        overhead = statistics.median(o.overhead_s for outs in per_engine for o in outs)
+        return _Run(statistics.median(prefill_s), [statistics.median(decode_s)], cached, n * (l + c) - cached, overhead_s=overhead)
 
     def _cached_tokens(self, point: GridPoint) -> int:
         """The warmed prefixes' full blocks: what the engine's prefix cache must hit."""
@@ -190,7 +192,8 @@ class ServedProfiler:
         if loaded < n * ((c + l - 1) // block) * block:  # it computes at least the last token itself
             raise RuntimeError(f"the decode engine loaded {loaded} KV tokens for {n} prompts of {c + l} (expected their full blocks): no handoff")
         cached = self._cached_tokens(point)
-        return _Run(prefill_s, [decode_s], cached, n * (l + c) - cached, handoff_s, loaded)
+        overhead = statistics.median(o.overhead_s for o in produced) + statistics.median(o.overhead_s for o in consumed)  # a P/D turn calls both
+        return _Run(prefill_s, [decode_s], cached, n * (l + c) - cached, handoff_s, loaded, overhead)
 
     def _timings(self, outs: list[Any], point: GridPoint, decode_steps: int, check_cache: bool = True) -> tuple[float, float]:
         """One engine's first step (prefill) and median decode step from its requests' timestamps,

@@ -145,6 +145,16 @@ class RolloutSide:
         d.engine.submit(Request(tr.tid, new + tr.ctx - held, held, max(tr.plan.response_tokens[k] - tr.g, 1), tr.width, tr.tid), self.now)
         self._touch(d)
 
+    def _outside_engine_s(self, tr: Traj) -> float:
+        """The turn's time outside its engine (driver -> actor -> engine core and back), where
+        the engine's profile measured it (`pearl profile --clock runtime`), at the requests in
+        flight on the engine that served it, this one included; the predictor's term."""
+        inst = self.instances.get(tr.inst)
+        if inst is None or inst.engine is None:
+            return 0.0
+        overhead = inst.engine.cfg.step.profile.request_overhead
+        return 0.0 if overhead is None else float(overhead.time(inst.engine.load() + 1))
+
     def _turn_done(self, tr: Traj) -> None:
         k = tr.turn
         p = tr.plan
@@ -152,8 +162,9 @@ class RolloutSide:
         tr.ctx += p.new_tokens[k] + p.response_tokens[k]
         tr.g = 0
         tr.turn += 1
+        outside = self._outside_engine_s(tr)
         tr.where, tr.inst = "env", -1
-        self._push(self.now + p.env_s[k], E_ENV, tr.tid)
+        self._push(self.now + outside + p.env_s[k], E_ENV, tr.tid)
 
     def _env_done(self, tr: Traj) -> None:
         if tr.turn < tr.plan.turns:
