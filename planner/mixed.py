@@ -27,6 +27,11 @@ disaggregated in max(T_P, T_D) + Q_P, as in planner/milp.py. With one kind this 
 the homogeneous rule (floor(S N / k) >= S iff N >= k), so a single-kind role is predicted as
 today; nothing averages GPU counts. `role_path_options` computes it from the definition.
 
+How it is solved: `solve_mixed` runs the exact threshold search of planner/mixed_search.py
+(thresholds (T, Q) outside, a covering program with fixed coefficients inside) on every
+backend; the one-hot program below is the second formulation (`method="onehot"`), kept so a
+test can check the two agree.
+
 The program, per role and kind: a one-hot w[j,e] over the kind's entries (e = 0: idle), units
 sigma[j,e] <= S w[j,e], S N_j >= sum_e k_e sigma[j,e] (the floor rule, integer units), and
 sum sigma = S when the role serves (a kind may carry less than it could); T >= sum_e t_e w[j,e]
