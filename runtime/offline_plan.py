@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -19,8 +19,9 @@ from models.config import ConfigError, ExperimentSpec, TraceSpec
 class PlannedEvent:
     t_s: float
     event: str  # "initial" | "availability"
-    elastic_gpus: int
+    elastic_gpus: int  # all elastic GPUs available from t_s on
     step: object  # planner.policies step: .decision and .plan
+    gpu_type: str | None = None  # with `elastic_traces`: the type whose availability changed (None: the first event, or one trace for all)
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class OfflinePlan:
     duration_s: float
     source: str
     mean_elastic_gpus: float
-    trace: TraceSpec
+    trace: TraceSpec | Mapping[str, TraceSpec]  # one trace, or `elastic_traces`: one per elastic GPU type
 
     def mean_predicted_completion_s(self) -> float:
         """Time-weighted mean of the predicted batch completion over the window."""
@@ -59,15 +60,34 @@ def load_window(spec: ExperimentSpec, tspec: TraceSpec, offset_hours: float | No
     return load_trace(tspec, pool_gpus=pool or None, offset_hours=offset_hours, hours=hours)
 
 
+def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, hours: float | None = None) -> dict:
+    """`elastic_traces`: each elastic GPU type's window, mapped to that type's GPUs (flags override
+    every trace's window, as `pearl simulate` does)."""
+    from runtime.traces import load_trace
+
+    out = {}
+    for typ, tspec in spec.elastic_traces.items():
+        pool = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes if g.pool == "elastic" and g.gpu == typ)
+        out[typ] = load_trace(tspec, pool_gpus=pool, offset_hours=offset_hours, hours=hours)
+    return out
+
+
+def _typed_changes(avail: Mapping[str, object]) -> list[tuple[float, str | None, int]]:
+    """Every type's changes merged in time order: (t, type, that type's GPUs)."""
+    return sorted((float(t), typ, int(g)) for typ, tr in avail.items() for t, g in tr.changes())  # type: ignore[attr-defined]
+
+
 def plan_over_trace(
     spec: ExperimentSpec,
     policy: str,
     backend: str,
-    tspec: TraceSpec,
+    tspec: TraceSpec | Mapping[str, TraceSpec],
     avail: object,
     on_event: Callable[[int, int], None] | None = None,
 ) -> OfflinePlan:
-    """Decide at each elastic-GPU change of the window (from `load_window`) and apply each plan to the state."""
+    """Decide at each elastic-GPU change of the window (from `load_window`, or `load_typed_windows`:
+    one availability per elastic GPU type, each moving only that type's GPUs) and apply each plan
+    to the state."""
     from models.builder import build_models
     from planner.inputs import planning_inputs
     from planner.policies import PlanningError, get_policy
@@ -79,17 +99,28 @@ def plan_over_trace(
     inputs = planning_inputs(models, sum(g.count * g.gpus_per_node for g in spec.cluster.nodes))
     pol = get_policy(policy, backend)
     state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
-    changes = avail.changes()  # type: ignore[attr-defined]
+    typed = isinstance(avail, Mapping)
+    # (t, type or None, GPUs): one trace drives the whole elastic pool, or each type its own GPUs
+    changes = _typed_changes(avail) if typed else [(float(t), None, int(g)) for t, g in avail.changes()]  # type: ignore[union-attr]
+    instants = sorted({t for t, _, _ in changes})  # one decision per instant, whatever changed then
     events: list[PlannedEvent] = []
-    for i, (t, g) in enumerate(changes):
-        state = state.with_availability("elastic", min(g, pool))
+    for i, t in enumerate(instants):
+        now = [(typ, g) for tc, typ, g in changes if tc == t]
+        for typ, g in now:
+            state = state.with_availability("elastic", min(g, pool)) if typ is None else state.with_availability("elastic", g, gpu_type=typ)
         kind = "initial" if i == 0 else "availability"
+        elastic = sum(1 for x in state.gpus if x.pool == "elastic" and x.available) if typed else now[-1][1]
         try:
             step = pol.decide(state, inputs, t, kind)
         except PlanningError as exc:
-            raise ConfigError(spec.source, "cluster", f"{g} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
+            raise ConfigError(spec.source, "cluster", f"{elastic} elastic GPUs at t={t:.0f}s", f"a feasible rollout configuration ({exc})") from None
         state = apply_plan(state, step.plan)
-        events.append(PlannedEvent(float(t), kind, int(g), step))
+        changed = "+".join(sorted(typ for typ, _ in now if typ is not None)) or None
+        events.append(PlannedEvent(float(t), kind, elastic, step, None if i == 0 else changed))
         if on_event is not None:
-            on_event(i + 1, len(changes))
-    return OfflinePlan(tuple(events), float(avail.duration_s), avail.source, float(avail.mean_gpus()), tspec)  # type: ignore[attr-defined]
+            on_event(i + 1, len(instants))
+    if typed:
+        traces = avail.values()  # type: ignore[union-attr]
+        return OfflinePlan(tuple(events), max(float(tr.duration_s) for tr in traces), "; ".join(f"{typ}: {tr.source}" for typ, tr in avail.items()),  # type: ignore[union-attr]
+                           float(sum(tr.mean_gpus() for tr in traces)), tspec)
+    return OfflinePlan(tuple(events), float(avail.duration_s), avail.source, float(avail.mean_gpus()), tspec)  # type: ignore[union-attr]

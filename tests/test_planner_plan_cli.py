@@ -42,3 +42,28 @@ def test_plan_bad_traces_exit_2_with_one_line(pearl, tmp_path: Path) -> None:
     assert res.returncode == 2 and "line 2" in res.stderr and "Traceback" not in res.stderr
     res = pearl("plan", "--config", cfg, "--policy", "nope", "--out", str(tmp_path / "p.json"))
     assert res.returncode == 2 and "pearl-no-borrow" in res.stderr
+
+
+def test_plan_drives_each_elastic_type_by_its_own_trace(pearl, tmp_path: Path) -> None:
+    """`elastic_traces` (mixed-elastic.yaml: H20 and A100 spot pools, one SkyPilot trace each):
+    one decision per instant any type's availability changes, each type's GPUs following its own
+    trace; the plan names the type that changed and counts every type's available GPUs."""
+    from models.config import load_experiment
+    from runtime.offline_plan import load_typed_windows
+
+    cfg = REPO_ROOT / "configs/experiments/mixed-elastic.yaml"
+    out = tmp_path / "plan.json"
+    res = pearl("plan", "--config", str(cfg), "--hours", "1", "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    spec = load_experiment(cfg)
+    windows = load_typed_windows(spec, hours=1.0)
+    assert set(windows) == {"H20", "A100"} and "H20: " in doc["trace"]["path"] and "A100: " in doc["trace"]["path"]
+    instants = sorted({t for tr in windows.values() for t, _ in tr.changes()})
+    assert [r["t_s"] for r in doc["decisions"]] == instants and len(instants) >= 3
+    for rec in doc["decisions"]:
+        t = rec["t_s"]
+        assert rec["elastic_gpus"] == sum(tr.at(t) for tr in windows.values())
+        changed = {typ for typ, tr in windows.items() if t in dict(tr.changes()) and t > 0}
+        assert rec["gpu_type"] == ("+".join(sorted(changed)) if rec["event"] == "availability" else None)
+        assert rec["decision"]["proof"]["status"] in ("optimal", "feasible")

@@ -7,11 +7,13 @@ so no training GPUs are lent); the simulator adds the training/rollout cycle.
 
 plan.json schema:
   {"config": str, "policy": str, "backend": str,
-   "trace": {"path", "offset_hours", "hours", "events", "mean_elastic_gpus"},
+   "trace": {"path", "offset_hours", "hours", "events", "mean_elastic_gpus"},   # with elastic_traces:
+                                          # path "TYPE: file; ...", offset_hours / hours per type
    "decisions": [
      {"t_s": float,                      # seconds from the window start (after time_scale)
       "event": "initial" | "availability",
-      "elastic_gpus": int,               # elastic GPUs available from t_s on
+      "elastic_gpus": int,               # elastic GPUs available from t_s on (all types)
+      "gpu_type": str | null,            # with elastic_traces: the type(s) whose availability changed
       "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}}, extras (borrow gate: t_dedicated_s, t_borrow_s, borrow_benefit_s, toggle_s, borrow),
                    lent_gpus, predicted_completion_s, transition_cost_s, objective_ms,
                    applied, forced, reason,
@@ -59,7 +61,7 @@ def plan(
     from planner.backends import BACKENDS
     from runtime.flags import check_policies
     from runtime.jsonout import dumps, print_json, stdout_to_stderr
-    from runtime.offline_plan import load_window, plan_over_trace, trace_spec_for
+    from runtime.offline_plan import load_typed_windows, load_window, plan_over_trace, trace_spec_for
     from runtime.outputs import check_file
 
     spec = load_experiment(config)
@@ -69,9 +71,10 @@ def plan(
     if be not in BACKENDS:
         raise ConfigError(*(("pearl plan", "--backend") if backend else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")
     check_file(out, "pearl plan", "--out")
-    tspec = trace_spec_for(spec, trace)
+    typed = bool(spec.elastic_traces) and trace is None  # each elastic GPU type follows its own trace
+    tspec = spec.elastic_traces if typed else trace_spec_for(spec, trace)
     with window_flags("plan", hours, trace_offset_hours):
-        avail = load_window(spec, tspec, trace_offset_hours, hours)
+        avail = load_typed_windows(spec, trace_offset_hours, hours) if typed else load_window(spec, tspec, trace_offset_hours, hours)
     with stdout_to_stderr(), Progress(transient=True, console=_stderr_console()) as bar:
         task = bar.add_task(f"planning {name}", total=None)
         result = plan_over_trace(spec, name, be, tspec, avail, on_event=lambda i, n: bar.update(task, completed=i, total=n))
@@ -85,7 +88,7 @@ def plan(
         optimal += d.proof.status == "optimal"
         role_changes += p.role_changes
         records.append({
-            "t_s": round(ev.t_s, 3), "event": ev.event, "elastic_gpus": ev.elastic_gpus,
+            "t_s": round(ev.t_s, 3), "event": ev.event, "elastic_gpus": ev.elastic_gpus, **({"gpu_type": ev.gpu_type} if typed else {}),
             "decision": d.to_json(),
             "plan": {"joins": p.joins, "leaves": p.leaves, "role_changes": p.role_changes,
                      "lent": p.lent, "returned": p.returned,
@@ -94,8 +97,8 @@ def plan(
     mean_completion = result.mean_predicted_completion_s()
     doc = {
         "config": str(config), "policy": name, "backend": be,
-        "trace": {"path": result.source, "offset_hours": trace_offset_hours if trace_offset_hours is not None else tspec.offset_hours,
-                  "hours": hours if hours is not None else tspec.hours, "events": len(result.events), "mean_elastic_gpus": round(result.mean_elastic_gpus, 3)},
+        "trace": {"path": result.source, "offset_hours": trace_offset_hours if trace_offset_hours is not None else _per_type(tspec, "offset_hours"),
+                  "hours": hours if hours is not None else _per_type(tspec, "hours"), "events": len(result.events), "mean_elastic_gpus": round(result.mean_elastic_gpus, 3)},
         "decisions": records,
     }
     out.write_text(dumps(doc, indent=1))
@@ -116,6 +119,11 @@ def plan(
     else:
         print(f"{name}: {summary['decisions']} decisions, solve p50 {summary['solve_ms_p50']} ms / p95 {summary['solve_ms_p95']} ms, "
               f"optimal {summary['optimal_fraction']:.0%}, role changes {role_changes}, mean predicted rollout {mean_completion:.1f} s -> {out}", file=sys.stderr)
+
+
+def _per_type(tspec, field: str):
+    """A trace field, or {GPU type: field} with `elastic_traces`."""
+    return {typ: getattr(t, field) for typ, t in tspec.items()} if isinstance(tspec, dict) else getattr(tspec, field)
 
 
 def _stderr_console():
