@@ -18,9 +18,10 @@ each bounded by its tightest corner's T + sum Q plus its loosest corner's transi
 box's points all have thresholds at most that corner's, so they cost at least its cost):
   1. `_lp_bound`: a fractional bound on that cost (GPUs priced at their cheapest start or switch
      unless a current instance keeps them), no solver call;
-  2. the corner's covering program, relaxed (one scaled row per role) and cut off at what could
-     still beat the incumbent anywhere in the box: infeasible, the box goes; its layout is
-     priced by the definition (`mixed.evaluate_mixed`) and may become the incumbent;
+  2. for a box of at most MILP_BOX candidates, the corner's covering program, relaxed (one
+     scaled row per role) and cut off at what could still beat the incumbent anywhere in the
+     box: infeasible, the box goes; its layout is priced by the definition
+     (`mixed.evaluate_mixed`) and may become the incumbent;
   3. else the box splits on its widest side (the lower half inherits the cost as a bound); a
      single candidate gets the exact program (units floor(S N / k)) if the relaxed layout
      misses the floors.
@@ -44,6 +45,11 @@ from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
 from planner.mixed import KindTable, MixedProblem, completion_ms, evaluate_mixed
 
+# boxes of more candidates than this get only the fractional bound: their corner programs (loose
+# thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
+# Measured on 8 decisions of the 256-GPU bench walk (2026-12-01, load ~3.8): 57 s in all with a
+# program at every box, 17 s with this limit; on 8 at 4096 GPUs about even (the fresh first one slower)
+MILP_BOX = 64
 MODE_ROLES = {"colocated": (0,), "disaggregated": (1, 2)}
 
 
@@ -366,7 +372,8 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
             key = (sp.mode, tuple(tuple(v.items()) for v in kvec.values()))
             budget = int(inc) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
             known, tried = solved.get(key, (None, -math.inf))
-            if known is None and tried < budget:
+            size = math.prod(h - l + 1 for l, h in zip(lo, hi))
+            if known is None and tried < budget and size <= MILP_BOX:
                 # the relaxed program first (`_inner_model`, exact=False); the exact one only where
                 # its layout misses the floors and the block is one candidate
                 for exact in (False, True):
