@@ -55,6 +55,38 @@ def test_threshold_search_equals_the_one_hot_program() -> None:
             assert evaluate_mixed(problem, a.x) == a.objective_ms, i
 
 
+def test_search_bounds_never_exceed_the_exact_corner_cost() -> None:
+    """The search prunes on `_lp_bound` and on the relaxed corner program: both must stay at or
+    below the exact covering program's optimum at every candidate thresholds tried here."""
+    import math
+
+    from planner.backends import solve_model
+    from planner.mixed_search import GroupPrices, _inner_model, _lp_bound, _modes, _space
+
+    rng = random.Random(3)
+    checked = 0
+    for state, inputs, _ in cases()[:80]:
+        problem = build_mixed_problem(state, inputs, 0.0)
+        prices = GroupPrices.of(problem)
+        for mode in _modes(problem):
+            space = _space(problem, mode, math.inf)
+            if space is None:
+                continue
+            for _ in range(3):
+                at = (rng.randrange(space.ts.size), *(rng.randrange(q.size) for q in space.qs))
+                kvec = space.kvec(at)
+                exact = solve_model(_inner_model(problem, space.roles, kvec), "cbc", 10.0)
+                relaxed = solve_model(_inner_model(problem, space.roles, kvec, exact=False), "cbc", 10.0)
+                bound = _lp_bound(prices, kvec)
+                if exact.status == "infeasible":
+                    continue  # a relaxation may still be feasible: nothing to compare
+                assert exact.status == "optimal", exact.status
+                cost = exact.objective - problem.constant_ms
+                assert bound <= cost + 1e-6 and relaxed.objective <= exact.objective, (bound, relaxed.objective, exact.objective)
+                checked += 1
+    assert checked >= 100, checked
+
+
 def test_mixed_instances_exercise_types_degrees_and_changes() -> None:
     """The 200 instances are not degenerate: optima mix GPU types and TP degrees, and many
     start from running workers (switches, TP changes as stop + start)."""
