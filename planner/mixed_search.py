@@ -57,7 +57,7 @@ def _fewest_grid(kt: KindTable, ts: np.ndarray, qs: np.ndarray) -> np.ndarray:
     """The kind's fewest instances meeting (T, Q) for every T in ts and Q in qs (0: none)."""
     if kt.k.size == 0:
         return np.zeros((ts.size, qs.size), dtype=np.int64)
-    if kt.falling:  # entries meeting T and those meeting Q are both suffixes: the later one starts wins
+    if kt.falling:  # entries meeting T and those meeting Q are both suffixes: the later start wins
         i_t = np.searchsorted(-kt.t, -ts, side="left")
         i_q = np.searchsorted(-kt.q, -qs, side="left")
         i = np.maximum(i_t[:, None], i_q[None, :])
