@@ -364,9 +364,9 @@ def _prune_entries(p: MixedProblem) -> MixedProblem:
     return MixedProblem(p.groups, tuple(roles), p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work)  # type: ignore[arg-type]
 
 
-def _upper_bound(p: MixedProblem) -> int | None:
-    """The best objective of a few feasible layouts: the current one, and every group filled with
-    colocated instances at one degree (the largest that fits where it does not)."""
+def seed_layouts(p: MixedProblem) -> list[tuple[tuple[int, ...], ...]]:
+    """A few layouts that are always feasible to price: the current one, and every group filled
+    with colocated instances at one degree (the largest that fits where it does not)."""
     layouts = [tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)]
     for tp in sorted({t for g in p.groups for r, t in g.slots if r == 0}):
         x = []
@@ -378,7 +378,12 @@ def _upper_bound(p: MixedProblem) -> int | None:
                 v[i] = g.ub(i)
             x.append(tuple(v))
         layouts.append(tuple(x))
-    values = [v for x in layouts if any(any(c) for c in x) and (v := evaluate_mixed(p, x)) is not None]
+    return layouts
+
+
+def _upper_bound(p: MixedProblem) -> int | None:
+    """The best objective of the seed layouts."""
+    values = [v for x in seed_layouts(p) if any(any(c) for c in x) and (v := evaluate_mixed(p, x)) is not None]
     return min(values) if values else None
 
 
@@ -481,9 +486,6 @@ def evaluate_mixed(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | Non
     t = completion_ms(p, x)
     assert t is not None
     return t + sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms
-
-
-# ------------------------------------------------------------------------------------- the program
 
 
 # ------------------------------------------------------------------------------------- the program

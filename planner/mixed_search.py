@@ -43,7 +43,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
-from planner.mixed import KindTable, MixedProblem, completion_ms, evaluate_mixed
+from planner.mixed import KindTable, MixedProblem, completion_ms, evaluate_mixed, seed_layouts
 
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
@@ -339,7 +339,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     deadline = t0 + time_limit_s
     zero = tuple(tuple(0 for _ in g.slots) for g in p.groups)
     best_x, inc = None, math.inf
-    for x in _seed_layouts(p):
+    for x in seed_layouts(p):
         v = evaluate_mixed(p, x)
         if v is not None and v < inc:
             best_x, inc = x, v
@@ -443,19 +443,3 @@ def _span(sp: Space, d: int, lo: tuple[int, ...], hi: tuple[int, ...]) -> float:
         return -1.0
     axis = sp.ts if d == 0 else sp.qs[d - 1]
     return float(axis[hi[d]] - axis[lo[d]])
-
-
-def _seed_layouts(p: MixedProblem) -> list[tuple[tuple[int, ...], ...]]:
-    """The layouts `mixed._upper_bound` prices: the current one and every group colocated at one degree."""
-    layouts = [tuple(tuple(g.total_cur(i) for i in range(len(g.slots))) for g in p.groups)]
-    for tp in sorted({t for g in p.groups for r, t in g.slots if r == 0}):
-        x = []
-        for g in p.groups:
-            col = [(t, i) for i, (r, t) in enumerate(g.slots) if r == 0 and t <= max(tp, 1) and g.ub(i)]
-            v = [0] * len(g.slots)
-            if col:
-                t, i = max(col)
-                v[i] = g.ub(i)
-            x.append(tuple(v))
-        layouts.append(tuple(x))
-    return layouts
