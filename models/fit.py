@@ -272,6 +272,9 @@ def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
     return _mape(pred, np.array([s.seconds for s in samples]))
 
 
+REQUEST_COUNTS_NEEDED = 4
+
+
 def _request_design(samples: list[StepSample]) -> tuple[np.ndarray, np.ndarray]:
     x = np.array([[1.0, s.prefill_requests] for s in samples]).reshape(-1, 2)
     return x, np.array([s.seconds for s in samples])
@@ -371,8 +374,14 @@ def fit_profile(
     n_ho: dict[str, int] = {}
     noise: dict[str, float | None] = {}
     # A P/D profile also fits the decode engine's takeover of prefilled requests.
-    # A runtime-clock profile also fits the requests' time outside the engine.
-    kinds = ("prefill", "decode", *(k for k in ("handoff", "request") if any(s.kind == k for s in samples)))
+    # A runtime-clock profile also fits the requests' time outside the engine: a line in the
+    # requests in flight, which needs 3 batch sizes to fit and one more to hold out (a grid of
+    # fewer, e.g. `tiny`'s 1 and 16, leaves the term out and says so in the profile's fit).
+    request_counts = len({s.prefill_requests for s in samples if s.kind == "request"})
+    skipped: dict[str, str] = {}
+    if 0 < request_counts < REQUEST_COUNTS_NEEDED:
+        skipped["request"] = f"not fitted: {request_counts} request counts measured, {REQUEST_COUNTS_NEEDED} needed (3 to fit a line, 1 held out)"
+    kinds = ("prefill", "decode", *(k for k in ("handoff", "request") if any(s.kind == k for s in samples) and k not in skipped))
     handoff, overhead = None, None
     for kind in kinds:
         tr = [s for s in train if s.kind == kind]
@@ -408,7 +417,7 @@ def fit_profile(
         decode=coeffs["decode"],
         machine=machine,
         notes=f"fitted by `pearl fit` on {len(samples)} samples (tp={tp})",
-        fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "repeat_noise_pct": noise, "n_train": n_tr, "n_holdout": n_ho, "tp": tp},
+        fit={"train_mape_pct": tr_m, "holdout_mape_pct": ho_m, "repeat_noise_pct": noise, "n_train": n_tr, "n_holdout": n_ho, "tp": tp, **({"skipped": skipped} if skipped else {})},
         kv_handoff=handoff,
         request_overhead=overhead,
     )

@@ -49,6 +49,19 @@ def test_fit_turns_request_samples_into_a_linear_overhead() -> None:
     assert RequestOverhead(**report.profile.to_json()["request_overhead"]) == r
 
 
+def test_too_few_request_counts_leave_the_term_out_and_say_why() -> None:
+    """The `tiny` grid measures 2 batch sizes: no line can be fitted and held out, so the profile
+    has no request_overhead and its fit says why (the step kinds are fitted as ever)."""
+    from models.config import load_hardware, load_llms
+
+    _, samples = read_samples(CONFIG_ROOT / "profiles/samples/cpu-tiny-runtime-x2.jsonl")
+    steps = [s for s in samples if s.kind in ("prefill", "decode")]
+    two = [_request_sample(n, 0.01 * n) for n in (1, 16)]
+    report = fit_profile(steps + two, load_llms().models["tiny"], load_hardware().gpus["cpu"], 1, name="t", hardware="cpu", model="tiny")
+    assert report.profile.request_overhead is None and "request" not in report.holdout_mape
+    assert "2 request counts measured" in report.profile.fit["skipped"]["request"]
+
+
 def test_shipped_runtime_profiles_carry_their_measured_overhead() -> None:
     for name in ("cpu-tiny-runtime-x2", "cpu-tiny-runtime-pd"):
         p = load_profile(CONFIG_ROOT / f"profiles/{name}.json")

@@ -130,6 +130,8 @@ def fit(
         "n_holdout": report.n_holdout,
         "coefficients": data["coefficients"],
         **({"kv_handoff": data["kv_handoff"]} if "kv_handoff" in data else {}),
+        **({"request_overhead": data["request_overhead"]} if "request_overhead" in data else {}),
+        **({"skipped": prof.fit["skipped"]} if "skipped" in prof.fit else {}),
     }
     if as_json:
         print_json(result)
@@ -144,4 +146,6 @@ def fit(
         noise = report.repeat_noise[kind]
         t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}", f"{noise:.2f}" if noise else "not recorded")
     Console().print(t)
+    for kind, why in prof.fit.get("skipped", {}).items():
+        Console().print(f"{kind} samples: {why}")
     Console().print(f"wrote {out}")
