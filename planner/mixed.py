@@ -489,40 +489,55 @@ def evaluate_mixed(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | Non
 
 
 # ------------------------------------------------------------------------------------- the program
+def add_group(lm: LinearModel, gi: int, g: MixedGroup, ubs: list[int], prune: bool = False) -> list[int | None]:
+    """Group gi's instances per slot, x[gi, slot] <= ubs[slot], with their transition costs:
+    starts on a fresh group; else starts / stops (`LinearModel.flow`) and, inside one TP, the
+    switch saving u <= starts, u <= stops. The group's GPU capacity row. `prune` leaves out
+    the slots of a fresh group that may hold nothing (None in the returned list)."""
+    xs: list[int | None] = []
+    cap_terms = []
+    ds: dict[int, int] = {}
+    ss: dict[int, int] = {}
+    fresh = not any(g.cur)
+    for i, (r, t) in enumerate(g.slots):
+        if prune and fresh and ubs[i] == 0:
+            xs.append(None)
+            continue
+        v = lm.var(f"x[{gi},{r},{t}]", 0, ubs[i])
+        xs.append(v)
+        cap_terms.append((v, t))
+        if fresh:
+            lm.cost(v, g.start_ms[i])
+            continue
+        ds[i], ss[i] = lm.flow(f"{gi},{r},{t}", v, ubs[i], g.total_cur(i), g.start_ms[i], g.stop_ms[i])
+    if cap_terms:
+        lm.row(cap_terms, -INF, g.total_cap)
+    if not fresh:
+        for t in sorted({t for _, t in g.slots}):
+            idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t]
+            save = max(0, g.start_ms[idx[0]] + g.stop_ms[idx[0]] - g.switch_ms[idx[0]])
+            if len(idx) < 2 or save <= 0 or not any(g.cur[i] for i in idx):
+                continue
+            u = lm.var(f"u[{gi},{t}]", 0, sum(g.total_cur(i) for i in idx))
+            lm.row([(u, 1)] + [(ds[i], -1) for i in idx], -INF, 0)
+            lm.row([(u, 1)] + [(ss[i], -1) for i in idx], -INF, 0)
+            lm.cost(u, -save)
+    lm.x.append(xs)
+    return xs
+
+
 def mixed_linear_model(p: MixedProblem) -> LinearModel:
     lm = LinearModel(const=p.constant_ms)
     kind_terms: list[dict[Kind, list[int]]] = [{}, {}, {}]  # per role, per kind: x vars
     role_terms: list[list[tuple[int, int]]] = [[], [], []]
     gpu_terms: list[tuple[int, int]] = []
     for gi, g in enumerate(p.groups):
-        xs: list[int | None] = []
-        cap_terms = []
-        ds: dict[int, int] = {}
-        ss: dict[int, int] = {}
-        fresh = not any(g.cur)
-        for i, (r, t) in enumerate(g.slots):
-            v = lm.var(f"x[{gi},{r},{t}]", 0, g.ub(i))
-            xs.append(v)
+        xs = add_group(lm, gi, g, [g.ub(i) for i in range(len(g.slots))])
+        for (r, t), v in zip(g.slots, xs):
+            assert v is not None
             kind_terms[r].setdefault((g.gpu_type, t), []).append(v)
             role_terms[r].append((v, 1))
             gpu_terms.append((v, t))
-            cap_terms.append((v, t))
-            if fresh:
-                lm.cost(v, g.start_ms[i])
-                continue
-            ds[i], ss[i] = lm.flow(f"{gi},{r},{t}", v, g.ub(i), g.total_cur(i), g.start_ms[i], g.stop_ms[i])
-        if cap_terms:
-            lm.row(cap_terms, -INF, g.total_cap)
-        for t in sorted({t for _, t in g.slots}):
-            idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t]
-            save = max(0, g.start_ms[idx[0]] + g.stop_ms[idx[0]] - g.switch_ms[idx[0]]) if idx else 0
-            if len(idx) < 2 or save <= 0 or not any(g.cur[i] for i in idx) or fresh:
-                continue
-            u = lm.var(f"u[{gi},{t}]", 0, sum(g.total_cur(i) for i in idx))
-            lm.row([(u, 1)] + [(ds[i], -1) for i in idx], -INF, 0)
-            lm.row([(u, 1)] + [(ss[i], -1) for i in idx], -INF, 0)
-            lm.cost(u, -save)
-        lm.x.append(xs)
     lo_m = 0 if "colocated" in p.modes and p.fixed_pd is None else 1
     hi_m = 1 if "disaggregated" in p.modes else 0
     m = lm.var("m", lo_m, hi_m)

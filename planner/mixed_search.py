@@ -43,7 +43,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
-from planner.mixed import KindTable, MixedProblem, completion_ms, evaluate_mixed, seed_layouts
+from planner.mixed import KindTable, MixedProblem, add_group, completion_ms, evaluate_mixed, seed_layouts
 
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
@@ -271,40 +271,12 @@ def _inner_model(p: MixedProblem, roles: tuple[int, ...], kvec: dict[int, dict],
     role_terms: list[list[tuple[int, int]]] = [[], [], []]
     gpu_terms: list[tuple[int, int]] = []
     for gi, g in enumerate(p.groups):
-        xs: list[int | None] = []
-        cap_terms = []
-        ds: dict[int, int] = {}
-        ss: dict[int, int] = {}
-        fresh = not any(g.cur)
-        for i, (r, t) in enumerate(g.slots):
-            ub = g.ub(i) if r in roles else 0
-            if fresh and ub == 0:
-                xs.append(None)
-                continue
-            v = lm.var(f"x[{gi},{r},{t}]", 0, ub)
-            xs.append(v)
-            if r in roles:
+        xs = add_group(lm, gi, g, [g.ub(i) if r in roles else 0 for i, (r, _) in enumerate(g.slots)], prune=True)
+        for (r, t), v in zip(g.slots, xs):
+            if v is not None and r in roles:
                 kind_terms[r].setdefault((g.gpu_type, t), []).append(v)
                 role_terms[r].append((v, 1))
                 gpu_terms.append((v, t))
-                cap_terms.append((v, t))
-            if fresh:
-                lm.cost(v, g.start_ms[i])
-                continue
-            ds[i], ss[i] = lm.flow(f"{gi},{r},{t}", v, max(ub, 0), g.total_cur(i), g.start_ms[i], g.stop_ms[i])
-        if cap_terms:
-            lm.row(cap_terms, -INF, g.total_cap)
-        if not fresh:
-            for t in sorted({t for _, t in g.slots}):
-                idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t]
-                save = max(0, g.start_ms[idx[0]] + g.stop_ms[idx[0]] - g.switch_ms[idx[0]])
-                if len(idx) < 2 or save <= 0 or not any(g.cur[i] for i in idx):
-                    continue
-                u = lm.var(f"u[{gi},{t}]", 0, sum(g.total_cur(i) for i in idx))
-                lm.row([(u, 1)] + [(ds[i], -1) for i in idx], -INF, 0)
-                lm.row([(u, 1)] + [(ss[i], -1) for i in idx], -INF, 0)
-                lm.cost(u, -save)
-        lm.x.append(xs)
     for r in roles:
         units = p.roles[r].units
         cover = []
