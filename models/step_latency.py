@@ -233,7 +233,7 @@ def load_profile(path: str | Path) -> EngineProfile:
             raise ConfigError(path, key, terms, f"a mapping with keys {', '.join(allowed)}")
         for k, v in terms.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e6:
-                raise ConfigError(path, f"{key}.{k}", v, "a number >= 0")
+                raise ConfigError(path, f"{key}.{k}", v, "a number >= 0 and < 1e6")
     return EngineProfile.from_json(data)
 
 

@@ -38,12 +38,11 @@ class RuntimeProfiler(ServedProfiler):
 
     _actors: list[Any] = field(default_factory=list, init=False, repr=False)
     _roles: list[str] = field(default_factory=list, init=False, repr=False)
-    _kv: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # P/D: prompt key -> the prefill's KV parameters
+    _kv: dict[tuple[int, ...], Any] = field(default_factory=dict, init=False, repr=False)  # P/D: prompt -> the prefill's KV parameters
 
     def start(self) -> None:
         import ray
 
-        from runtime.ray_runtime.engines import GenRequest  # noqa: F401  (import errors before Ray starts)
         from runtime.ray_runtime.resources import Slot, resource_name, slot_env
         from runtime.ray_runtime.rollout_worker import RolloutWorker
         from runtime.ray_runtime.vllm_args import EngineSettings
@@ -89,9 +88,9 @@ class RuntimeProfiler(ServedProfiler):
 
         rid = next(self._ids)
         role = self._roles[i]
-        key = str(hash(tuple(prompt)))
+        key = tuple(prompt)
         phase = "full" if role == "colocated" else role
-        req = GenRequest(f"p{rid}", tuple(prompt), max_tokens, phase, RUNTIME_TEMPERATURE, rid, self._kv.pop(key, None) if role == "decode" else None, ignore_eos=True)  # type: ignore[arg-type]
+        req = GenRequest(f"p{rid}", key, max_tokens, phase, RUNTIME_TEMPERATURE, rid, self._kv.pop(key, None) if role == "decode" else None, ignore_eos=True)  # type: ignore[arg-type]
         sent = time.monotonic()
         res = await self._actors[i].generate.remote(0, req)
         back = time.monotonic()
@@ -104,20 +103,15 @@ class RuntimeProfiler(ServedProfiler):
         overhead = (times[0] - sent) + (back - times[3]) if times is not None else float("nan")
         return Timed(times, int(res.cached_tokens), overhead)
 
-    async def _batch(self, prompts: list[list[list[int]]], max_tokens: int) -> list[list[Timed]]:
-        """As the served profiler, but a request crosses Ray before it reaches its engine: the
-        release waits until every actor holds all of its point's requests."""
-        await self._hold()
-        tasks = [[asyncio.ensure_future(self._one(i, p, max_tokens)) for p in ps] for i, ps in enumerate(prompts)]
+    async def _arrived(self, counts: list[int]) -> None:
+        """A request crosses Ray before it reaches its engine: wait until every actor holds all
+        of its point's requests (at most 30 s)."""
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
             held = await asyncio.gather(*(a.in_flight.remote(0) for a in self._actors))
-            if all(h >= len(ps) for h, ps in zip(held, prompts)):
-                break
+            if all(h >= n for h, n in zip(held, counts)):
+                return
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # from the actor into its paused core
-        await self._release()
-        return [list(await asyncio.gather(*ts)) for ts in tasks]
 
     async def _hold(self) -> None:
         await asyncio.gather(*(a.hold.remote(0) for a in self._actors))

@@ -147,9 +147,13 @@ class ServedProfiler:
         """Submit engine i's prompts[i] while every scheduler is paused, then release them together."""
         await self._hold()
         tasks = [[asyncio.ensure_future(self._one(i, p, max_tokens)) for p in ps] for i, ps in enumerate(prompts)]
+        await self._arrived([len(ps) for ps in prompts])
         await asyncio.sleep(0.05 + 0.002 * sum(map(len, prompts)))  # every request reaches its paused core
         await self._release()
         return [list(await asyncio.gather(*ts)) for ts in tasks]
+
+    async def _arrived(self, counts: list[int]) -> None:
+        """Wait until engine i holds counts[i] of the point's requests (in-process clients: at once)."""
 
     def _each(self, make: Any) -> list[list[list[int]]]:
         return [make() for _ in range(self.settings.engines)]
