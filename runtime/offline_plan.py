@@ -7,6 +7,7 @@ training GPUs are lent); the simulator adds the training/rollout cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -102,10 +103,10 @@ def plan_over_trace(
     typed = isinstance(avail, Mapping)
     # (t, type or None, GPUs): one trace drives the whole elastic pool, or each type its own GPUs
     changes = _typed_changes(avail) if typed else [(float(t), None, int(g)) for t, g in avail.changes()]  # type: ignore[union-attr]
-    instants = sorted({t for t, _, _ in changes})  # one decision per instant, whatever changed then
+    # one decision per instant, whatever changed then (changes are in time order)
+    instants = [(t, [(typ, g) for _, typ, g in group]) for t, group in groupby(changes, key=lambda c: c[0])]
     events: list[PlannedEvent] = []
-    for i, t in enumerate(instants):
-        now = [(typ, g) for tc, typ, g in changes if tc == t]
+    for i, (t, now) in enumerate(instants):
         for typ, g in now:
             state = state.with_availability("elastic", min(g, pool)) if typ is None else state.with_availability("elastic", g, gpu_type=typ)
         kind = "initial" if i == 0 else "availability"
