@@ -280,13 +280,6 @@ class RolloutPredictor:
             self._cache["p1"] = self.prefill_engine.prefill_time(new, 1.0, prefix)
         return self._cache["p1"]
 
-    @staticmethod
-    def _outside_engine_s(engine: StepLatencyModel, m: np.ndarray) -> np.ndarray:
-        """A turn's time outside its engine with m requests in flight on it (driver -> actor ->
-        engine core and back), where the profile measured it (runtime clock); else 0."""
-        overhead = engine.profile.request_overhead
-        return np.zeros_like(m) if overhead is None else overhead.time(m)
-
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
         """KV over the link; zero where the profile measured the handoff itself (P/D profiles:
         the prefill steps include the connector's store, the decode side's takeover its load)."""
@@ -363,7 +356,7 @@ class RolloutPredictor:
         m = np.maximum(s.active[None, :] / np.asarray(n, dtype=float)[:, None], 1.0)
         new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
         p_busy = eng.prefill_time(m * new, m, m * prefix)
-        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix) + self._outside_engine_s(eng, m)
+        fixed = s.env_s + eng.prefill_time(new, 1.0, prefix) + eng.profile.outside_engine_s(m)
         t, c = self._turn_times(eng, m, p_busy, fixed, interfere=True)
         return m, new, prefix, p_busy, t, c
 
@@ -404,7 +397,7 @@ class RolloutPredictor:
         new_p, prefix_p = s.prefill_engine_tokens()
         # a context the decode instance evicted crosses the link again with the new tokens
         sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
-        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + self._outside_engine_s(eng, m)
+        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + eng.profile.outside_engine_s(m)
         handoff = eng.profile.kv_handoff
         if handoff is None:
             t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)

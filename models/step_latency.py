@@ -158,6 +158,12 @@ class EngineProfile:
     def coefficients(self, kind: StepKind) -> StepCoefficients:
         return self.prefill if kind == "prefill" else self.decode
 
+    def outside_engine_s(self, requests: np.ndarray | float) -> np.ndarray:
+        """A turn's time outside its engine with `requests` in flight on it, where the profile
+        measured it (`request_overhead`, runtime clock); else 0."""
+        r = np.asarray(requests, dtype=float)
+        return np.zeros_like(r) if self.request_overhead is None else self.request_overhead.time(r)
+
     def scaled(self, k: float) -> "EngineProfile":
         """Every term k times slower (k > 1) or faster: a measured speed applied to this profile."""
         if k == 1.0:

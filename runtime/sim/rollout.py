@@ -152,8 +152,7 @@ class RolloutSide:
         inst = self.instances.get(tr.inst)
         if inst is None or inst.engine is None:
             return 0.0
-        overhead = inst.engine.cfg.step.profile.request_overhead
-        return 0.0 if overhead is None else float(overhead.time(inst.engine.load() + 1))
+        return float(inst.engine.cfg.step.profile.outside_engine_s(inst.engine.load() + 1))
 
     def _turn_done(self, tr: Traj) -> None:
         k = tr.turn
