@@ -29,6 +29,19 @@ class ExperimentModels:
     variants: tuple[tuple[str, int, RolloutPredictor], ...] = ()
     variant_profiles: tuple[tuple[str, str, str], ...] = ()  # (GPU type, profile name, label)
 
+    def engines(self) -> dict[tuple[str, str, int], StepLatencyModel]:
+        """The step model of every engine a layout can start, by (role, GPU type, TP degree): the
+        predictor's own engines, so that the simulator's engines and the Ray runtime's emulated
+        ones run at the speed the planner priced them at."""
+        p = self.predictor
+        out = {("colocated", self.rollout_gpu, self.tp_colocated): p.colocated_engine,
+               ("prefill", self.rollout_gpu, self.tp_prefill): p.prefill_engine,
+               ("decode", self.rollout_gpu, self.tp_decode): p.decode_engine}
+        for typ, tp, v in self.variants:
+            for role, engine in (("colocated", v.colocated_engine), ("prefill", v.prefill_engine), ("decode", v.decode_engine)):
+                out.setdefault((role, typ, tp), engine)
+        return out
+
 
 def serving_gpu_types(spec: ExperimentSpec) -> list[str]:
     """GPU types that can host rollout engines (reserved, elastic, lent training), in config order."""

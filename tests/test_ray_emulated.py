@@ -143,3 +143,41 @@ def test_a_worker_under_way_is_not_started_again(tmp_path):
     # the injected fault poisons one request: it kills each colocated engine it reaches, so its
     # trajectory (and no other) fails after the second death, by design (runtime POISON_KILLS)
     assert [f["id"] for f in out["summary"].failed_trajectories] == ["b3-0"] and out["summary"].lost_trajectories == 1
+
+
+@pytest.mark.ray
+def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trace(tmp_path):
+    """A mixed cluster on the Ray runtime (issue 15): H800, spot H20 and spot A100, TP 1/2/4 per
+    role. The runtime starts each engine at the TP degree and GPU type the plan gave it (its
+    step model is that kind's), and each elastic type follows its own SkyPilot trace."""
+    from models.config import load_experiment
+    from runtime.offline_plan import load_typed_windows
+
+    cfg = "configs/experiments/train-mixed-emulated.yaml"
+    metrics = tmp_path / "m.jsonl"
+    proc = run_pearl("train", "--config", cfg, "--steps", "6", "--metrics", str(metrics), "--json", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["steps"] == 6 and out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["lost_trajectories"] == 0
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    # each type's availability changes as its own trace does, in time order, one type at a time
+    spec = load_experiment(ROOT / cfg)
+    seen = [(r["gpu_type"], r["elastic"]) for r in recs if r["record"] == "availability"]
+    assert len(seen) >= 3 and {typ for typ, _ in seen} == {"H20", "A100"}, seen
+    for typ, tr in load_typed_windows(spec).items():
+        mine = [g for ty, g in seen if ty == typ]
+        assert mine == [g for t, g in tr.changes() if t > 0][: len(mine)], (typ, seen)
+    # every engine started is of a kind the plan holds, on GPUs of that type, at that degree
+    decisions = [r for r in recs if r["record"] == "decision"]
+    planned = {(typ, role, int(tp)) for d in decisions for typ, roles in d["layout_by_type"].items() for role, by_tp in roles.items() for tp, n in by_tp.items() if n}
+    started = [r for r in recs if r["record"] == "started"]
+    kinds = {(r["gpu_type"], r["role"], r["tp"]) for r in started}
+    assert kinds <= planned, (kinds, planned)
+    assert len({typ for typ, _, _ in kinds}) >= 2 and any(tp > 1 for _, _, tp in kinds), kinds
+    prefix = {"H800": ("rollout", "training"), "H20": ("elastic2",), "A100": ("elastic3",)}
+    assert all(r["worker"][2:].startswith(prefix[r["gpu_type"]]) for r in started), started
+    # no decision places more GPUs of an elastic type than its trace has at that moment
+    for d in decisions:
+        for typ, n in d["state"]["elastic_available"].items():
+            used = sum(int(tp) * c for by_tp in d["layout_by_type"].get(typ, {}).values() for tp, c in by_tp.items())
+            assert used <= n, (d["event"], typ, used, n)

@@ -196,3 +196,40 @@ def test_a_drained_slot_switched_to_its_own_role_serves_again():
 
     drained, served = asyncio.run(run())
     assert drained == "abort" and served is not None and served != "abort"
+
+
+def test_emulated_engines_run_at_their_kinds_speed():
+    """On a mixed cluster every emulated engine runs the predictor's step model of its own kind
+    (GPU type, TP degree), as the simulator's do: one request takes the time the planner priced
+    on that kind; a kind the predictor has no model for is refused, named."""
+    from models.builder import build_models
+    from models.config import load_experiment
+    from runtime.ray_runtime.engines import GenRequest
+    from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-mixed-emulated.yaml")
+    models = build_models(spec)
+    engines = models.engines()
+    assert {(t, d) for _, t, d in engines} == {(t, d) for t in ("H800", "H20", "A100") for d in (1, 2, 4)}
+    scale, prompt, new = 5.0, 3000, 64
+    w = RolloutWorker("emulated", None, EmulatedSettings(models.predictor.colocated_engine, time_scale=scale, engines=tuple(engines.items())))
+
+    def priced(kind: tuple[str, int]) -> float:
+        step = engines[("colocated", *kind)]
+        return float(step.prefill_time(prompt)) + sum(float(step.decode_time(1, prompt + i)) for i in range(new))
+
+    async def run() -> tuple[dict, dict]:
+        took = {}
+        for slot, kind in enumerate([("H800", 4), ("H20", 1), ("A100", 2)]):
+            assert (await w.start_slot(slot, "colocated", kind))["ok"]
+            r = await w.generate(slot, GenRequest(f"r{slot}", tuple(range(5, 5 + prompt)), new, "full", 1.0))
+            took[kind] = r.elapsed_s * scale
+        refused = await w.start_slot(9, "colocated", ("V100", 1))
+        await w.shutdown()
+        return took, refused
+
+    took, refused = asyncio.run(run())
+    for kind, seconds in took.items():
+        assert seconds == pytest.approx(priced(kind), rel=0.1), (kind, seconds, priced(kind))
+    assert took[("H20", 1)] > 1.5 * took[("H800", 4)]  # the kinds really differ: one model for all would not
+    assert not refused["ok"] and "no step model for a colocated engine on V100 at TP1" in refused["error"]

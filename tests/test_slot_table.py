@@ -247,3 +247,39 @@ def test_executor_committed_applies_a_pending_stop_to_the_table_state() -> None:
     ex.complete(rid, 1, True)
     t.rec[R[2]].status = "down"
     assert not ex.busy and set(workers(ex.committed(st(t)))) == {f"w:{R[0]}"}
+
+
+def mixed_table() -> tuple[SlotTable, list[str], list[str]]:
+    """Elastic H20 (elastic2-0) and A100 (elastic3-0), four each, beside reserved H800."""
+    b = initial_state([(1, 4, "H800", "rollout"), (1, 2, "H800", "training"), (1, 4, "H20", "elastic"), (1, 4, "A100", "elastic")])
+    return SlotTable(b, make_slots(b, cores=2)), [f"elastic2-0/{i}" for i in range(4)], [f"elastic3-0/{i}" for i in range(4)]
+
+
+def test_each_elastic_type_follows_its_own_availability() -> None:
+    """`elastic_traces`: a change of one type's count moves only that type's GPUs; an untyped
+    change (one trace for the pool) takes the pool back in slot order."""
+    t, h20, a100 = mixed_table()
+    assert t.set_elastic(2, "H20") and t.gone_elastic() == set(h20[2:])
+    assert not t.set_elastic(2, "H20")  # the same count again: no change
+    assert not t.set_elastic(4, "A100")  # the type's whole pool: what already exists
+    assert t.set_elastic(1, "A100") and t.gone_elastic() == set(h20[2:]) | set(a100[1:])
+    assert t.elastic_now() == {"H20": 2, "A100": 1}
+    s = st(t)
+    assert {g.id for g in s.gpus if not g.available} == set(h20[2:]) | set(a100[1:])
+    assert t.set_elastic(6) and t.gone_elastic() == set(a100[2:]) and t.elastic_now() == 6
+
+
+def test_a_tp_group_names_its_slots_kind_and_bindings() -> None:
+    """A worker leading a TP group is one engine of (its GPUs' type, the group's size), whose
+    process holds every slot of the group and binds each rank (vLLM CPU '0|1', CUDA '0,1')."""
+    from runtime.ray_runtime.resources import group_env
+
+    t, h20, _ = mixed_table()
+    r = put(t, h20[0], "decode", gpus=(h20[0], h20[1]))
+    group = t.group_slots(r)
+    assert [s.gpu for s in group] == h20[:2] and t.kind_of(r) == ("H20", 2)
+    assert t.kind_of(put(t, R[0], "colocated")) == ("H800", 1)
+    cpu, cuda = group_env(group, "cpu"), group_env(group, "cuda")
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == f"{group[0].binding}|{group[1].binding}"
+    assert cuda["CUDA_VISIBLE_DEVICES"] == f"{group[0].binding},{group[1].binding}"
+    assert group_env(group[:1], "cpu")["VLLM_CPU_OMP_THREADS_BIND"] == group[0].binding

@@ -100,6 +100,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         self._bg: set[asyncio.Task] = set()
         self._plans: set[asyncio.Future] = set()
         self._plan_state: dict[int, tuple] = {}
+        self._engine_group: dict[str, tuple[str, ...]] = {}  # per lead GPU: the GPUs its started engine (and vLLM process) holds
         self._repairing = self._repair_again = False
         self._due: asyncio.Task | None = None
         self.batch_started: dict[int, float] = {}
@@ -146,7 +147,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         async with self.lock:
             now = self.now()
             try:
-                state = self.cluster_state()
+                state, elastic = self.cluster_state(), self.table.elastic_now()  # as the policy sees them (the solve runs off the loop)
                 step = await asyncio.to_thread(_decide, self.policy, state, self.inputs, now, event)
             except Exception as exc:  # no feasible plan (e.g. nothing available): keep what runs, say why
                 self.metrics.write("decision_failed", event=event, at_s=round(now, 3), error=f"{type(exc).__name__}: {exc}")
@@ -154,7 +155,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
                 return
             d = step.decision
             extras = {k: (round(float(v), 4) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in d.extras.items() if k != "event"}
-            seen = {"workers": [f"{w.id}:{w.role}{'(draining)' if w.draining else ''}" for w in state.workers], "elastic_available": self.table.elastic_available, "unavailable": sorted(g.id for g in state.gpus if not g.available), "trainer": state.trainer.phase, "unfinished": round(state.unfinished_fraction, 3)}
+            seen = {"workers": [f"{w.id}:{w.role}{'(draining)' if w.draining else ''}" for w in state.workers], "elastic_available": elastic, "unavailable": sorted(g.id for g in state.gpus if not g.available), "trainer": state.trainer.phase, "unfinished": round(state.unfinished_fraction, 3)}
             plan = step.plan
             rec = {"event": event, "at_s": round(now, 3), **d.to_json(), "extras": extras, "state": seen,
                    "plan": {"actions": len(plan.actions), "joins": plan.joins, "leaves": plan.leaves, "role_changes": plan.role_changes, "lent": plan.lent, "returned": plan.returned,
@@ -205,8 +206,9 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         self.t0 = time.monotonic()
         table = self.table
         schedule = elastic_schedule(self.spec, table.elastic_total) if table.elastic_total else ()
-        if schedule and schedule[0].at_s == 0 and schedule[0].after_step is None:
-            table.elastic_available = schedule[0].available
+        for ch in schedule:  # what exists at the start (one change, or one per GPU type)
+            if ch.at_s == 0 and ch.after_step is None:
+                table.set_elastic(ch.available, ch.gpu_type)
         await self.decide("initial", wait=True)
         if not any(r.status == "active" for r in self.rec.values()):
             raise RuntimeStartError(f"no rollout worker could start: {getattr(self, 'start_error', 'the initial plan started none')}")

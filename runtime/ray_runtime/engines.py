@@ -106,7 +106,7 @@ class VLLMEngine:
             os.makedirs(self.settings.kv_store, exist_ok=True)
         t0 = time.perf_counter()
         try:
-            with engine_core_env():
+            with engine_core_env(self.settings.tensor_parallel_size):
                 self._engine = AsyncLLM.from_engine_args(engine_args(self.settings, self.role), stat_loggers=[kv_transfer_logger(self.kv_tally)])
         except Exception as exc:  # vLLM raises many types; the caller needs one clear line
             raise EngineStartError(f"vLLM engine ({self.role}, model {self.settings.model!r}) failed to start: {type(exc).__name__}: {exc}") from None

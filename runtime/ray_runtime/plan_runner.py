@@ -23,7 +23,7 @@ from typing import Any
 from planner.transition import Action, TransitionPlan
 from runtime.executor import Progress
 from runtime.ray_runtime.records import RuntimeStartError, actor_errors
-from runtime.ray_runtime.resources import slot_env
+from runtime.ray_runtime.resources import group_env
 from runtime.ray_runtime.slot_table import SlotRuntime
 
 
@@ -170,14 +170,20 @@ class PlanRunner:
             delay = min(self.rt.restart_backoff_s * 2 ** (r.failures - 1), 60.0)
             self.metrics.write("restart_backoff", worker=r.worker_id, failures=r.failures, seconds=delay)
             await asyncio.sleep(delay)
-        if r.parked and r.actor is not None:  # a lent training slot coming back: reuse its live engine
+        group = self.table.group_slots(r)
+        gpus = tuple(s.gpu for s in group)
+        if r.parked and r.actor is not None and self._engine_group.get(r.slot.gpu) == gpus:  # a lent training slot coming back: reuse its live engine
             r.parked = False
             info = await r.actor.switch_role.remote(r.slot_no, role)
         else:
+            r.parked = False
+            await self._free_gpus(r, gpus)
             if self.backend == "vllm" and (r.actor is None or r.slot.gpu in self.table.dead):
-                r.actor = self._remote(RolloutWorker, resources={r.slot.resource: 1.0}, runtime_env={"env_vars": slot_env(r.slot, self.device)}, max_concurrency=1000).remote("vllm", self._engine_settings(), None, self._faults())
+                # a TP group's process holds every slot of the group, bound to all their cores / devices
+                r.actor = self._remote(RolloutWorker, resources={s.resource: 1.0 for s in group}, runtime_env={"env_vars": group_env(group, self.device)}, max_concurrency=1000).remote("vllm", self._engine_settings(), None, self._faults())
             r.status = "starting"
-            info = await r.actor.start_slot.remote(r.slot_no, role)
+            info = await r.actor.start_slot.remote(r.slot_no, role, self.table.kind_of(r))
+            self._engine_group[r.slot.gpu] = gpus
         if not info.get("ok"):
             self.metrics.write("start_failed", worker=r.worker_id, error=info.get("error"))
             self.start_error = info.get("error")
@@ -192,8 +198,23 @@ class PlanRunner:
                 await r.actor.load_weights.remote(self.blob_ref, version)
             r.version = version
             await self._verify_weights([r], version, "start")
-        self.metrics.write("started", worker=r.worker_id, role=role, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding, node=self.placements.get(r.worker_id, "")[:12])
+        gpu_type, tp = self.table.kind_of(r)
+        self.metrics.write("started", worker=r.worker_id, role=role, gpu_type=gpu_type, tp=tp, seconds=round(float(info.get("seconds", 0.0)), 3), bind=r.slot.binding, node=self.placements.get(r.worker_id, "")[:12])
         return True
+
+    async def _free_gpus(self, r: SlotRuntime, gpus: tuple[str, ...]) -> None:
+        """Before a start on `gpus`: engines that still hold any of them go, a parked one of another
+        TP group (a returned training slot) or this slot's own at another degree (a TP change is a
+        stop and a start; a vLLM process holds its group's Ray resources until it ends)."""
+        for o in self.rec.values():
+            held = self._engine_group.get(o.slot.gpu, ())
+            if o.actor is None or not set(held) & set(gpus) or (o is r and held == gpus):
+                continue
+            if o is not r and o.status not in ("down", "parked"):
+                continue  # a serving worker: the plan stops it first (the executor orders GPU reuse)
+            await self._discard_engine(o, o.actor)
+            o.parked = False
+            self._engine_group.pop(o.slot.gpu, None)
 
     async def _stop_slot(self, r: SlotRuntime) -> None:
         import ray

@@ -33,8 +33,9 @@ class Slot:
 @dataclass(frozen=True)
 class AvailabilityChange:
     at_s: float  # wall seconds after the run starts (or after batch `after_step` starts)
-    available: int  # elastic GPUs that exist from then on
+    available: int  # elastic GPUs that exist from then on (of `gpu_type` only, if given)
     after_step: int | None = None
+    gpu_type: str | None = None  # `elastic_traces`: the one elastic GPU type this change moves
 
 
 def resource_name(index: int) -> str:
@@ -76,6 +77,17 @@ def slot_env(slot: Slot, device: str) -> dict[str, str]:
     return env
 
 
+def group_env(group: tuple[Slot, ...], device: str) -> dict[str, str]:
+    """Environment of the process that owns a TP group's engine (the lead slot first): the lead's
+    (`slot_env`), bound to every slot of the group: CUDA devices '0,1', CPU ranks '0|1' (vLLM's
+    per-rank binding of its CPU workers)."""
+    env = slot_env(group[0], device)
+    if len(group) > 1:
+        key = "CUDA_VISIBLE_DEVICES" if device == "cuda" else "VLLM_CPU_OMP_THREADS_BIND"
+        env[key] = ("," if device == "cuda" else "|").join(s.binding for s in group)
+    return env
+
+
 def resolve_device(device: str) -> str:
     """'auto' means CUDA when this process sees a GPU; a driver without GPUs must say 'cuda'."""
     if device != "auto":
@@ -95,12 +107,19 @@ def ray_resources(slots: tuple[Slot, ...]) -> dict[str, float]:
 def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, ...]:
     """Availability changes of the elastic pool, in wall seconds after start.
 
-    Inline `runtime.elastic_events` win; otherwise the experiment's trace (if any) through
+    Inline `runtime.elastic_events` win; otherwise `elastic_traces` (one trace per elastic GPU
+    type, each change moving that type's GPUs only) or the experiment's trace (if any) through
     runtime.traces with its time compression; otherwise the pool is always fully available.
     """
     rt = spec.runtime
     if rt.elastic_events:
         return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus), e.after_step) for e in rt.elastic_events)
+    if spec.elastic_traces and elastic_gpus:  # each elastic GPU type follows its own trace
+        from runtime.offline_plan import load_typed_windows
+
+        typed = load_typed_windows(spec)
+        return tuple(sorted((AvailabilityChange(t / rt.time_scale, int(g), gpu_type=typ) for typ, tr in typed.items() for t, g in tr.changes()),
+                            key=lambda ch: ch.at_s))
     if spec.trace is None or elastic_gpus == 0:
         return (AvailabilityChange(0.0, elastic_gpus),)
     from runtime.traces import load_trace  # the real trace readers (Bamboo, SkyPilot)

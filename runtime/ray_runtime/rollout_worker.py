@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from runtime.ray_runtime.engines import EmulatedEngine, Engine, EngineSettings, EngineStartError, GenRequest, GenResult, Role, VLLMEngine
@@ -21,9 +21,16 @@ from runtime.ray_runtime.engines import EmulatedEngine, Engine, EngineSettings, 
 Backend = Literal["vllm", "emulated"]
 
 
+Kind = tuple[str, int]  # (GPU type, TP degree) of an engine: its GPUs' type and how many it spans
+
+
 @dataclass(frozen=True)
 class EmulatedSettings:
-    """What the emulated backend needs: the step-latency model and the clock compression."""
+    """What the emulated backend needs: the step-latency models and the clock compression.
+
+    `engines` maps (role, GPU type, TP degree) to the predictor's step model of that engine
+    (models.builder.ExperimentModels.engines, as the simulator's); an engine started without a
+    kind runs `step_model`."""
 
     step_model: Any  # models.step_latency.StepLatencyModel (frozen, picklable)
     time_scale: float = 1.0
@@ -31,6 +38,16 @@ class EmulatedSettings:
     role_switch_s: float = 25.0
     engine_start_s: float = 20.0
     prefix_cache_hit: float = 1.0
+    engines: tuple[tuple[tuple[str, str, int], Any], ...] = ()
+
+    def model_for(self, role: str, kind: Kind | None) -> Any:
+        if kind is None:
+            return self.step_model
+        found = dict(self.engines).get((role, *kind))
+        if found is None:
+            known = sorted({(t, d) for r, t, d in dict(self.engines) if r == role})
+            raise EngineStartError(f"no step model for a {role} engine on {kind[0]} at TP{kind[1]} (the predictor prices {', '.join(f'{t} TP{d}' for t, d in known)})")
+        return found
 
 
 class RolloutWorker:
@@ -47,6 +64,7 @@ class RolloutWorker:
         self.blob: bytes | None = None
         self.version = 0
         self.started_s: dict[int, float] = {}
+        self.kinds: dict[int, Kind | None] = {}  # per slot: its engine's (GPU type, TP degree), kept across role switches
 
     def _make(self, slot: int, role: Role) -> Engine:
         engine = self._engine(slot, role)
@@ -59,16 +77,20 @@ class RolloutWorker:
     def _engine(self, slot: int, role: Role) -> Engine:
         if self.backend == "vllm":
             assert self.settings is not None
-            return VLLMEngine(self.settings, role)
+            kind = self.kinds.get(slot)
+            return VLLMEngine(replace(self.settings, tensor_parallel_size=kind[1]) if kind else self.settings, role)
         assert self.emulated is not None
         e = self.emulated
-        return EmulatedEngine(e.step_model, role, e.vocab, e.time_scale, seed=slot, prefix_cache_hit=e.prefix_cache_hit)
+        return EmulatedEngine(e.model_for(role, self.kinds.get(slot)), role, e.vocab, e.time_scale, seed=slot, prefix_cache_hit=e.prefix_cache_hit)
 
-    async def start_slot(self, slot: int, role: Role) -> dict[str, Any]:
-        """Start the slot's engine and bring it to the latest weights before it is admitted."""
+    async def start_slot(self, slot: int, role: Role, kind: Kind | None = None) -> dict[str, Any]:
+        """Start the slot's engine (of `kind`: its GPU type and TP degree, where the cluster mixes
+        them) and bring it to the latest weights before it is admitted."""
         t0 = time.perf_counter()
-        engine = self._make(slot, role)
+        if kind is not None:
+            self.kinds[slot] = kind
         try:
+            engine = self._make(slot, role)
             info = await engine.start()
         except EngineStartError as exc:
             return {"ok": False, "slot": slot, "error": str(exc)}

@@ -50,10 +50,10 @@ async def elastic_loop(ctl: Any, schedule: tuple[AvailabilityChange, ...]) -> No
         delay = ch.at_s - (time.monotonic() - origin)
         if delay > 0:
             await asyncio.sleep(delay)
-        if ch.available == table.elastic_available:
+        before = table.elastic_now()
+        if not table.set_elastic(ch.available, ch.gpu_type):
             continue
-        ctl.metrics.write("availability", elastic=ch.available, at_s=round(time.monotonic() - ctl.t0, 3))
-        ctl.log(f"elastic GPUs: {table.elastic_available} -> {ch.available}")
-        table.elastic_available = ch.available
+        ctl.metrics.write("availability", elastic=ch.available, gpu_type=ch.gpu_type, at_s=round(time.monotonic() - ctl.t0, 3))
+        ctl.log(f"elastic GPUs{f' ({ch.gpu_type})' if ch.gpu_type else ''}: {before} -> {table.elastic_now()}")
         await ctl.preempt(table.gone_elastic())
         await ctl.decide("availability")

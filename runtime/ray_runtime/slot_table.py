@@ -54,9 +54,43 @@ class SlotTable:
         self.dead: set[str] = set()
         self.lost: set[str] = set()  # GPUs whose Ray node is gone (node_watch): unavailable until it joins again
         self.node_of: dict[str, str] = {g.id: g.node for g in base.gpus}  # GPU -> planner node
+        self.type_of: dict[str, str] = {g.id: g.type for g in base.gpus}  # GPU -> its type
+        self.elastic_by_type: dict[str, int] = {}  # with elastic_traces: each type's elastic GPUs that exist now
 
     def gone_elastic(self) -> set[str]:
-        return set([s.gpu for s in self.slots if s.pool == "elastic"][self.elastic_available :])
+        """Elastic GPUs that do not exist now: past the pool's count, or past their own type's
+        where `elastic_traces` drives each type (`set_elastic`)."""
+        elastic = [s.gpu for s in self.slots if s.pool == "elastic"]
+        if not self.elastic_by_type:
+            return set(elastic[self.elastic_available :])
+        out: set[str] = set()
+        for typ, n in self.elastic_by_type.items():
+            out |= set([g for g in elastic if self.type_of[g] == typ][n:])
+        return out
+
+    def set_elastic(self, available: int, gpu_type: str | None = None) -> bool:
+        """The elastic pool (or, with a type, that type's elastic GPUs) now has `available` GPUs; False if nothing changed."""
+        if gpu_type is None:
+            changed = available != self.elastic_available or bool(self.elastic_by_type)
+            self.elastic_available, self.elastic_by_type = available, {}
+            return changed
+        if self.elastic_by_type.get(gpu_type, sum(1 for s in self.slots if s.pool == "elastic" and self.type_of[s.gpu] == gpu_type)) == available:
+            return False
+        self.elastic_by_type[gpu_type] = available
+        return True
+
+    def elastic_now(self) -> int | dict[str, int]:
+        """What exists of the elastic pool, as `set_elastic` last set it (a count, or one per type)."""
+        return dict(self.elastic_by_type) or self.elastic_available
+
+    def group_slots(self, r: SlotRuntime) -> tuple[Slot, ...]:
+        """The slots of the TP group `r` leads (its own first)."""
+        by_gpu = {s.gpu: s for s in self.slots}
+        return (r.slot, *(by_gpu[g] for g in r.gpus if g != r.slot.gpu))
+
+    def kind_of(self, r: SlotRuntime) -> tuple[str, int]:
+        """(GPU type, TP degree) of the engine `r` leads: what its step model and vLLM's TP follow."""
+        return self.type_of[r.slot.gpu], max(len(r.gpus), 1)
 
     def of(self, a: Action) -> SlotRuntime:
         """The slot an action acts on: its worker's lead GPU, else its first GPU."""

@@ -36,6 +36,7 @@ class EngineSettings:
     kv_buffer_device: str = "cpu"
     gpu_memory_utilization: float = 0.9
     seed: int = 0
+    tensor_parallel_size: int = 1  # the engine's TP degree: its slot's TP group (`RolloutWorker.start_slot`'s kind)
 
 
 def engine_args(settings: EngineSettings, role: Role) -> Any:
@@ -54,7 +55,8 @@ def engine_args(settings: EngineSettings, role: Role) -> Any:
         gpu_memory_utilization=s.gpu_memory_utilization,
         kv_transfer_config=kv_transfer_config(s, role),
         worker_extension_cls=EXTENSION_CLS,
-        distributed_executor_backend=executor_backend(tp=1),
+        tensor_parallel_size=s.tensor_parallel_size,
+        distributed_executor_backend=executor_backend(tp=s.tensor_parallel_size),
         **scheduling_args(s, role),
     )
 
@@ -79,14 +81,14 @@ def executor_backend(tp: int) -> Any:
 
 
 @contextmanager
-def engine_core_env() -> Iterator[None]:
+def engine_core_env(tp: int = 1) -> Iterator[None]:
     """The OpenMP binding of the engine core process about to be spawned (it inherits this
     environment at spawn; the caller's own is restored after): threads on the cores of
     VLLM_CPU_OMP_THREADS_BIND (the slot's fixed binding, e.g. '0' or '2-3'), the variables
     vLLM's multiprocess executor sets for its worker without an OpenMP preload. Nothing
-    changes without a binding or on GPUs."""
+    changes without a binding, on GPUs, or at TP above 1 (vLLM's workers bind their own ranks)."""
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    if not bind or bind in ("auto", "nobind") or executor_backend(tp=1) is None:
+    if not bind or bind in ("auto", "nobind") or executor_backend(tp) is None:
         yield
         return
     from vllm.utils.cpu_resource_utils import parse_id_list

@@ -50,14 +50,9 @@ def load_availability(spec: ExperimentSpec, flags: TraceFlags, hours: float):
     """The elastic pool's availability over the run (None: no trace, the pool stays full); with
     `elastic_traces`, one availability per elastic GPU type (a dict), each on that type's GPUs."""
     if spec.elastic_traces and flags.path is None:
-        from runtime.traces import load_trace
+        from runtime.offline_plan import load_typed_windows
 
-        out = {}
-        for typ, tr in spec.elastic_traces.items():
-            update = {"hours": hours} | ({"offset_hours": flags.offset_hours} if flags.offset_hours is not None else {})
-            pool = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes if g.pool == "elastic" and g.gpu == typ)
-            out[typ] = load_trace(tr.model_copy(update=update), pool)
-        return out
+        return load_typed_windows(spec, flags.offset_hours, hours)
     trace = spec.trace
     if trace is None and flags.path is None:
         return None

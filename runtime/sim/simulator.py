@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from models import architecture as arch
-from models.builder import ExperimentModels, step_model
+from models.builder import ExperimentModels
 from models.config import ConfigError
 from models.engine import EngineConfig
 from planner.inputs import planning_inputs
@@ -79,13 +79,13 @@ class Simulator(RolloutSide, ClusterSide):
         self.rollout_only = rollout_only  # replays of rollout batches: training and sync take no time
         self.costs = models.costs
         self.tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
-        self.cfg = {r: EngineConfig.for_model(step_model(spec, models.profile, self.tp[r]), r, memory_utilization, max_batched_tokens=max_batched_tokens) for r in ROLES}  # type: ignore[arg-type]
-        # mixed clusters: one engine per (role, GPU type, TP degree), on that type's profile
-        self.kind_cfg: dict[tuple[str, str, int], EngineConfig] = {(r, models.rollout_gpu, self.tp[r]): self.cfg[r] for r in ROLES}
-        for typ, tp, pred in models.variants:
-            for r in ROLES:
-                engine = pred.colocated_engine if r == "colocated" else pred.prefill_engine
-                self.kind_cfg.setdefault((r, typ, tp), EngineConfig.for_model(engine, r, memory_utilization, max_batched_tokens=max_batched_tokens))  # type: ignore[arg-type]
+        # one engine per (role, GPU type, TP degree): the predictor's own (models.engines), as the
+        # Ray runtime's emulated engines; mixed clusters start any of them, others the rollout type's
+        self.kind_cfg: dict[tuple[str, str, int], EngineConfig] = {
+            key: EngineConfig.for_model(engine, key[0], memory_utilization, max_batched_tokens=max_batched_tokens)  # type: ignore[arg-type]
+            for key, engine in models.engines().items()
+        }
+        self.cfg = {r: self.kind_cfg[(r, models.rollout_gpu, self.tp[r])] for r in ROLES}
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
         self.hit = spec.workload.prefix_cache_hit
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
