@@ -26,10 +26,10 @@ def test_flipped_advantage_is_the_exact_negative() -> None:
 
 def test_step_detail_keeps_what_a_user_plots() -> None:
     row = {"step": 3, "weight_version": 4, "mean_reward": 0.61234567, "train_loss": 0.05, "train_ratio_mean": 1.01, "rollout_s": 2.5,
-           "tok_per_s": 400.0, "mode": "disaggregated", "ratio": "1P1D", "gen_tokens": 3000, "pred_error": 0.1}
+           "tok_per_s": 400.0, "mode": "disaggregated", "ratio": "1P1D", "kinds": "H800 1P@TP1 1D@TP1", "gen_tokens": 3000, "pred_error": 0.1}
     d = step_detail(row)
     assert d == {"step": 3, "weight_version": 4, "mean_reward": 0.612346, "loss": 0.05, "importance_ratio": 1.01, "rollout_s": 2.5,
-                 "tok_per_s": 400.0, "mode": "disaggregated", "ratio": "1P1D"}
+                 "tok_per_s": 400.0, "mode": "disaggregated", "ratio": "1P1D", "kinds": "H800 1P@TP1 1D@TP1"}
     # an emulated trainer reports no loss: the row says so instead of failing
     assert step_detail({**row, "train_loss": None})["loss"] is None
 

@@ -176,6 +176,8 @@ def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trac
     assert len({typ for typ, _, _ in kinds}) >= 2 and any(tp > 1 for _, _, tp in kinds), kinds
     prefix = {"H800": ("rollout", "training"), "H20": ("elastic2",), "A100": ("elastic3",)}
     assert all(r["worker"][2:].startswith(prefix[r["gpu_type"]]) for r in started), started
+    # each step says which kinds served it
+    assert all(d["kinds"] for d in out["steps_detail"]) and any("H20" in d["kinds"] for d in out["steps_detail"]), out["steps_detail"]
     # no decision places more GPUs of an elastic type than its trace has at that moment
     for d in decisions:
         for typ, n in d["state"]["elastic_available"].items():

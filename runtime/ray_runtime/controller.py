@@ -42,6 +42,7 @@ from runtime.ray_runtime.scenarios import apply_load_change, elastic_loop
 from runtime.ray_runtime.slot_table import SlotRuntime, SlotTable
 from runtime.ray_runtime.telemetry import MetricsWriter, StepTelemetry
 from runtime.ray_runtime.trainer_loop import TrainerLoop
+from runtime.sim.metrics import layout_label
 from runtime.timeline import TrainerTimeline, return_due_at
 
 
@@ -73,6 +74,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         self.initial_blob_ref: Any = None  # step 0 weights: what runtime.control frozen_engines keeps pushing
         self.t0 = time.monotonic()
         self.mode, self.ratio, self.wanted_mode = "colocated", "", "colocated"
+        self.kinds = ""  # serving workers per GPU type, role and TP degree, e.g. 'H20 3C@TP4; H800 1C@TP4'
         self.trainer_phase = "waiting"  # runtime.naming.TRAINER_PHASES
         self.ready_batches = 0  # rolled out, not yet taken by the trainer
         self.unfinished = 1.0
@@ -197,6 +199,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
     def _update_mode(self) -> None:
         self.mode = self.table.mode(self.wanted_mode)
         self.ratio = self.table.ratio(self.mode)
+        self.kinds = "; ".join(f"{typ} {label}" for typ, label in layout_label(self.table.layout_by_type()).items())
         if any(r.status == "active" for r in self.rec.values()) and self.mode not in self.modes_used:
             self.modes_used.append(self.mode)
 

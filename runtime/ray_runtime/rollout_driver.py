@@ -268,7 +268,7 @@ class RolloutDriver:
             mean_new_tokens=float(np.mean(new)) if new else 0.0,
             mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(t.turns for t in trajs), 1)),
             generated_tokens=int(gen), rollout_s=seconds * self.scale, predicted_s=self.predicted_s, mode=self.mode, ratio=self.ratio,
-            fitted_on_steps=self.predicted_from, disrupted=disruption(sum(t.resumes for t in trajs), b in self.starved_batches),
+            fitted_on_steps=self.predicted_from, disrupted=disruption(sum(t.resumes for t in trajs), b in self.starved_batches), kinds=self.kinds,
         )
 
     async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:

@@ -123,6 +123,16 @@ class SlotTable:
             return "disaggregated"
         return "colocated"
 
+    def layout_by_type(self) -> dict[str, dict[str, dict[int, int]]]:
+        """Serving workers per GPU type, role and TP degree (as `Decision.layout_by_type`)."""
+        out: dict[str, dict[str, dict[int, int]]] = {}
+        for r in self.rec.values():
+            if r.status == "active" and r.role is not None:
+                typ, tp = self.kind_of(r)
+                by_tp = out.setdefault(typ, {}).setdefault(r.role, {})
+                by_tp[tp] = by_tp.get(tp, 0) + 1
+        return out
+
     def ratio(self, mode: str) -> str:
         roles = Counter(r.role for r in self.rec.values() if r.status == "active")
         return f"{roles['prefill']}P{roles['decode']}D" if mode == "disaggregated" else f"{roles['colocated']}C"

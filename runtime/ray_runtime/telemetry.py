@@ -46,6 +46,7 @@ class StepTelemetry:
     ratio: str
     fitted_on_steps: int = 0  # measured steps behind the prediction: all earlier than this one
     disrupted: str = ""  # why the batch did not run at its layout's speed (resumed turns, no worker of a role); "" if it did
+    kinds: str = ""  # the layout by GPU type, role and TP degree when the batch ended ('H20 3C@TP4; H800 1C@TP4')
 
     @property
     def error(self) -> float:

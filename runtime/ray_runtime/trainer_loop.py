@@ -30,7 +30,8 @@ def step_detail(row: dict[str, Any]) -> dict[str, Any]:
         return None if row.get(key) is None else round(float(row[key]), 6)
 
     return {"step": row["step"], "weight_version": row["weight_version"], "mean_reward": num("mean_reward"), "loss": num("train_loss"),
-            "importance_ratio": num("train_ratio_mean"), "rollout_s": num("rollout_s"), "tok_per_s": num("tok_per_s"), "mode": row["mode"], "ratio": row["ratio"]}
+            "importance_ratio": num("train_ratio_mean"), "rollout_s": num("rollout_s"), "tok_per_s": num("tok_per_s"), "mode": row["mode"], "ratio": row["ratio"],
+            "kinds": row.get("kinds", "")}
 
 
 class TrainerLoop:
@@ -55,7 +56,7 @@ class TrainerLoop:
             self.trainer_phase = "waiting"
             rewards = [float(t.reward or 0.0) for t in trajs]
             self.rewards.extend(rewards)
-            row = {"step": b, "weight_version": self.version, "mean_reward": float(np.mean(rewards)) if rewards else 0.0, "rollout_s": tel.rollout_s, "gen_tokens": tel.generated_tokens, "tok_per_s": tel.generated_tokens / max(tel.rollout_s / self.scale, 1e-9), "mode": tel.mode, "ratio": tel.ratio, "predicted_s": tel.predicted_s, "pred_error": tel.error, **{f"train_{k}": v for k, v in m.items()}}
+            row = {"step": b, "weight_version": self.version, "mean_reward": float(np.mean(rewards)) if rewards else 0.0, "rollout_s": tel.rollout_s, "gen_tokens": tel.generated_tokens, "tok_per_s": tel.generated_tokens / max(tel.rollout_s / self.scale, 1e-9), "mode": tel.mode, "ratio": tel.ratio, "kinds": tel.kinds, "predicted_s": tel.predicted_s, "pred_error": tel.error, **{f"train_{k}": v for k, v in m.items()}}
             self.metrics.write("train_step", **row)
             self.steps_detail.append(step_detail(row))
             if self.on_step:
