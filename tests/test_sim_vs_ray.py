@@ -23,34 +23,48 @@ CONFIG = ROOT / "configs/experiments/train-emulated-32.yaml"
 STEPS = 3
 
 
-def _spec():
-    from models.config import load_experiment
+MIXED = ROOT / "configs/experiments/train-mixed-emulated.yaml"
 
-    spec = load_experiment(CONFIG)
+
+def _spec(config: Path = CONFIG):
+    from models.config import ElasticEventSpec, load_experiment
+
+    spec = load_experiment(config)
     w = spec.workload.model_copy(update={"trajectories_per_batch": 64})
+    runtime = {"refit": False, "steps": STEPS}
+    update = {}
+    if spec.elastic_traces:  # the traces' changes fall where the run's timing puts them: scripted events instead
+        pool = spec.cluster.gpus_in_pool("elastic")
+        runtime["elastic_events"] = [ElasticEventSpec(at_s=0, available=pool), ElasticEventSpec(after_step=1, at_s=1.0, available=0), ElasticEventSpec(after_step=2, at_s=0.0, available=pool)]
+        update["elastic_traces"] = {}
     return spec.model_copy(update={
         "workload": w,
         "training": spec.training.model_copy(update={"staleness": 0}),
         "policy": spec.policy.model_copy(update={"name": "pearl-no-borrow"}),
-        "runtime": spec.runtime.model_copy(update={"refit": False, "steps": STEPS}),
+        "runtime": spec.runtime.model_copy(update=runtime),
+        **update,
     })
 
 
-def _shape(event: str, ratio: str, applied: bool, kinds: list[str]) -> tuple:
-    return (event, ratio, applied, tuple(sorted(Counter(kinds).items())))
+def _shape(event: str, ratio: str, applied: bool, kinds: list[str], by_type: dict | None = None) -> tuple:
+    layout = tuple(sorted((ty, r, int(tp), n) for ty, roles in (by_type or {}).items() for r, d in roles.items() for tp, n in d.items()))
+    return (event, ratio, applied, tuple(sorted(Counter(kinds).items())), layout)
 
 
 @pytest.mark.ray
-def test_simulator_and_ray_runtime_decide_and_act_alike(tmp_path):
+@pytest.mark.parametrize("config", [CONFIG, MIXED], ids=["h800", "mixed"])
+def test_simulator_and_ray_runtime_decide_and_act_alike(tmp_path, config):
+    """The mixed cluster too (issue 15): H800, H20 and A100 at TP 1/2/4, where each decision's
+    layout by GPU type, role and degree must also agree."""
     from models.builder import build_models
     from runtime.sim.planner_adapter import PlannerPolicy
     from runtime.sim.simulator import Simulator
 
-    spec = _spec()
+    spec = _spec(config)
     out = run_controller(spec, STEPS, tmp_path / "m.jsonl", lambda ctl: [], deadline_s=500)
     assert "error" not in out, out.get("error")
     ray_decisions = [r for r in out["records"] if r["record"] == "decision"]
-    ray = [_shape(d["event"], d["ratio"], d["applied"], d["plan"]["kinds"]) for d in ray_decisions]
+    ray = [_shape(d["event"], d["ratio"], d["applied"], d["plan"]["kinds"], d.get("layout_by_type")) for d in ray_decisions]
 
     scale = spec.runtime.time_scale  # a scripted event's at_s is wall seconds of the Ray run
     events = tuple((e.at_s * scale, e.available, e.after_step) for e in spec.runtime.elastic_events)
@@ -61,7 +75,7 @@ def test_simulator_and_ray_runtime_decide_and_act_alike(tmp_path):
     log = []
     ends = 0
     for _, event, _, info in r.decision_log:
-        log.append(_shape(event, info["ratio"], info["applied"], info["kinds"]))
+        log.append(_shape(event, info["ratio"], info["applied"], info["kinds"], info.get("layout_by_type")))
         ends += event == "training_end"
         if ends == STEPS:
             break
@@ -70,3 +84,5 @@ def test_simulator_and_ray_runtime_decide_and_act_alike(tmp_path):
     # and the same actions actually executed, in total
     executed = sum(1 for rec in out["records"] if rec["record"] == "action")
     assert executed == sum(n for x in log for _, n in x[3])
+    if config == MIXED:  # the mixed layouts were really mixed: more than one GPU type or degree served
+        assert len({(ty, tp) for x in log for ty, _, tp, _ in x[4]}) > 1, log
