@@ -343,8 +343,9 @@ class ClusterSpec(Frozen):
             raise ValueError(f"at most {MAX_GPUS} GPUs in all (these groups hold {total})")
         return v
 
-    def gpus_in_pool(self, pool: str) -> int:
-        return sum(g.count * g.gpus_per_node for g in self.nodes if g.pool == pool)
+    def gpus_in_pool(self, pool: str, gpu_type: str | None = None) -> int:
+        """GPUs of a pool (of one GPU type only, if given)."""
+        return sum(g.count * g.gpus_per_node for g in self.nodes if g.pool == pool and gpu_type in (None, g.gpu))
 
 
 # ----------------------------------------------------------------------------- costs, policy, solver, trace

@@ -68,12 +68,11 @@ def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, 
 
     out = {}
     for typ, tspec in spec.elastic_traces.items():
-        pool = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes if g.pool == "elastic" and g.gpu == typ)
-        out[typ] = load_trace(tspec, pool_gpus=pool, offset_hours=offset_hours, hours=hours)
+        out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=hours)
     return out
 
 
-def _typed_changes(avail: Mapping[str, object]) -> list[tuple[float, str | None, int]]:
+def typed_changes(avail: Mapping[str, object]) -> list[tuple[float, str | None, int]]:
     """Every type's changes merged in time order: (t, type, that type's GPUs)."""
     return sorted((float(t), typ, int(g)) for typ, tr in avail.items() for t, g in tr.changes())  # type: ignore[attr-defined]
 
@@ -102,7 +101,7 @@ def plan_over_trace(
     state = state_from_cluster_spec(spec.cluster, TrainerPhase("training", 0.0))
     typed = isinstance(avail, Mapping)
     # (t, type or None, GPUs): one trace drives the whole elastic pool, or each type its own GPUs
-    changes = _typed_changes(avail) if typed else [(float(t), None, int(g)) for t, g in avail.changes()]  # type: ignore[union-attr]
+    changes = typed_changes(avail) if typed else [(float(t), None, int(g)) for t, g in avail.changes()]  # type: ignore[union-attr]
     # one decision per instant, whatever changed then (changes are in time order)
     instants = [(t, [(typ, g) for _, typ, g in group]) for t, group in groupby(changes, key=lambda c: c[0])]
     events: list[PlannedEvent] = []

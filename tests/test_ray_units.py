@@ -212,7 +212,7 @@ def test_emulated_engines_run_at_their_kinds_speed():
     engines = models.engines()
     assert {(t, d) for _, t, d in engines} == {(t, d) for t in ("H800", "H20", "A100") for d in (1, 2, 4)}
     scale, prompt, new = 5.0, 3000, 64
-    w = RolloutWorker("emulated", None, EmulatedSettings(models.predictor.colocated_engine, time_scale=scale, engines=tuple(engines.items())))
+    w = RolloutWorker("emulated", None, EmulatedSettings(models.predictor.colocated_engine, time_scale=scale, engines=engines))
 
     def priced(kind: tuple[str, int]) -> float:
         step = engines[("colocated", *kind)]

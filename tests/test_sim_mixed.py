@@ -16,7 +16,7 @@ def test_each_elastic_type_follows_its_own_trace() -> None:
     avail = load_availability(spec, TraceFlags(), 2.0)
     assert set(avail) == {"H20", "A100"}
     for typ, trace in avail.items():
-        pool = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes if g.pool == "elastic" and g.gpu == typ)
+        pool = spec.cluster.gpus_in_pool("elastic", typ)
         assert max(trace.gpus) == pool and min(trace.gpus) == 0, typ  # scale_to_pool: that type's own pool
     assert list(avail["H20"].gpus) != list(avail["A100"].gpus)
 

@@ -115,11 +115,9 @@ def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, 
     if rt.elastic_events:
         return tuple(AvailabilityChange(e.at_s, min(e.available, elastic_gpus), e.after_step) for e in rt.elastic_events)
     if spec.elastic_traces and elastic_gpus:  # each elastic GPU type follows its own trace
-        from runtime.offline_plan import load_typed_windows
+        from runtime.offline_plan import load_typed_windows, typed_changes
 
-        typed = load_typed_windows(spec)
-        return tuple(sorted((AvailabilityChange(t / rt.time_scale, int(g), gpu_type=typ) for typ, tr in typed.items() for t, g in tr.changes()),
-                            key=lambda ch: ch.at_s))
+        return tuple(AvailabilityChange(t / rt.time_scale, g, gpu_type=typ) for t, typ, g in typed_changes(load_typed_windows(spec)))
     if spec.trace is None or elastic_gpus == 0:
         return (AvailabilityChange(0.0, elastic_gpus),)
     from runtime.traces import load_trace  # the real trace readers (Bamboo, SkyPilot)

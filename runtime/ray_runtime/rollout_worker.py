@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from runtime.ray_runtime.engines import EmulatedEngine, Engine, EngineSettings, EngineStartError, GenRequest, GenResult, Role, VLLMEngine
@@ -38,14 +38,14 @@ class EmulatedSettings:
     role_switch_s: float = 25.0
     engine_start_s: float = 20.0
     prefix_cache_hit: float = 1.0
-    engines: tuple[tuple[tuple[str, str, int], Any], ...] = ()
+    engines: dict[tuple[str, str, int], Any] = field(default_factory=dict)
 
     def model_for(self, role: str, kind: Kind | None) -> Any:
         if kind is None:
             return self.step_model
-        found = dict(self.engines).get((role, *kind))
+        found = self.engines.get((role, *kind))
         if found is None:
-            known = sorted({(t, d) for r, t, d in dict(self.engines) if r == role})
+            known = sorted({(t, d) for r, t, d in self.engines if r == role})
             raise EngineStartError(f"no step model for a {role} engine on {kind[0]} at TP{kind[1]} (the predictor prices {', '.join(f'{t} TP{d}' for t, d in known)})")
         return found
 

@@ -74,7 +74,7 @@ class SlotTable:
             changed = available != self.elastic_available or bool(self.elastic_by_type)
             self.elastic_available, self.elastic_by_type = available, {}
             return changed
-        if self.elastic_by_type.get(gpu_type, sum(1 for s in self.slots if s.pool == "elastic" and self.type_of[s.gpu] == gpu_type)) == available:
+        if self.elastic_by_type.get(gpu_type, sum(1 for g in self.base.gpus if g.pool == "elastic" and g.type == gpu_type)) == available:
             return False
         self.elastic_by_type[gpu_type] = available
         return True
@@ -85,8 +85,7 @@ class SlotTable:
 
     def group_slots(self, r: SlotRuntime) -> tuple[Slot, ...]:
         """The slots of the TP group `r` leads (its own first)."""
-        by_gpu = {s.gpu: s for s in self.slots}
-        return (r.slot, *(by_gpu[g] for g in r.gpus if g != r.slot.gpu))
+        return (r.slot, *(self.rec[g].slot for g in r.gpus if g != r.slot.gpu))
 
     def kind_of(self, r: SlotRuntime) -> tuple[str, int]:
         """(GPU type, TP degree) of the engine `r` leads: what its step model and vLLM's TP follow."""
