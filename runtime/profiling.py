@@ -36,8 +36,10 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                  clock ("wall", "thread", "served" or "runtime": what "seconds" below measured),
                  engines (served engines measured at once on this machine),
                  load ("none"; "mirror": every engine ran the same point at the same time;
-                       "pd": engine 0 prefilled each point and handed its KV to engine 1, which
-                       decoded it: prefill samples are engine 0's, decode and handoff engine 1's)},
+                       "pd-busy": engine 0 prefilled each point and handed its KV to engine 1, which
+                       decoded it: prefill samples are engine 0's, decode and handoff engine 1's,
+                       each measured while the other served its own role back to back;
+                       "pd": the same with the other engine idle, samples before 2026-12-02)},
       "engine_start_s": seconds, "wall_s": seconds the whole run took,
       "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
   then one object per measured step shape:
@@ -51,7 +53,7 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
        "repeat_spread": median relative deviation of the repeats from that median (the
                         measurement's noise; optional, 0 when not recorded)}
   A prefill sample has decode_seqs = 0; a decode sample has prefill_tokens = 0. A "handoff"
-  sample (load "pd" only) is the decode engine's first step for n requests whose KV it loads
+  sample (load "pd-busy" or "pd" only) is the decode engine's first step for n requests whose KV it loads
   through the connector: prefill_requests = n, prefill_prefix_tokens = KV tokens loaded,
   prefill_tokens = tokens it computed itself, seconds = median scheduled -> first token.
 """
@@ -430,7 +432,7 @@ def merged_requests(samples: list[StepSample]) -> list[StepSample]:
 def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: str, facts: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:
     engine = {k: v for k, v in asdict(settings).items() if k not in ("model_dir", "tp")}
     engine["prefix_caching"] = True
-    engine["load"] = "pd" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
+    engine["load"] = "pd-busy" if settings.pd else "mirror" if settings.engines > 1 else "none"  # what the other engines ran while one was measured
     if settings.clock in ("served", "runtime"):  # engines and requests as the runtime's (runtime/profiling_served.py)
         engine["requests"] = "runtime: sampled at temperature 1 with log-probabilities, streamed"
         if settings.clock == "runtime":

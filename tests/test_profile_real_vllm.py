@@ -99,7 +99,7 @@ def test_runtime_pd_profile_times_a_prefill_decode_pair(tmp_path: Path) -> None:
     header, samples = read_samples(out)
     assert header["engine"]["clock"] == "runtime" and header["grid"]["points"] == 8
     assert "RolloutWorker" in header["engine"]["requests"]
-    assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "pd" and header["engine"]["cpu_threads_bind"] == "0|1"
+    assert header["engine"]["engines"] == 2 and header["engine"]["load"] == "pd-busy" and header["engine"]["cpu_threads_bind"] == "0|1"
     by_kind = {k: [s for s in samples if s.kind == k] for k in ("prefill", "decode", "handoff")}
     assert all(len(v) == 8 for v in by_kind.values()) and all(s.seconds > 0 for s in samples)
     assert {s.prefill_prefix_tokens for s in by_kind["prefill"]} == {0.0, 64.0, 16 * 64.0}
