@@ -59,6 +59,20 @@ def scaled(d: Distribution, k: float) -> Distribution:
     return d.model_copy(update={"mean": d.mean * k, "min": None if d.min is None else d.min * k, "max": None if d.max is None else d.max * k})
 
 
+def host_probe_ms() -> float:
+    """A fixed NumPy kernel (200 float32 300x300 matmuls), median of 5, in ms: how fast the host
+    runs right now. On this shared VM it moved by 25% within one minute on 2026-12-02, enough to
+    move a batch by more than the 10% target, so each mode's run records it before and after."""
+    a = np.random.default_rng(0).random((300, 300), dtype=np.float32)
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            a @ a
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return round(statistics.median(times[1:]), 1)
+
+
 def point_workload(spec: ExperimentSpec, batch: int, env_scale: float) -> dict[str, Any]:
     return {"trajectories_per_batch": batch, "env_latency_s": scaled(spec.workload.env_latency_s, env_scale).model_dump()}
 
@@ -167,9 +181,11 @@ def main() -> None:
     result_modes: dict[str, Any] = {}
     with stdout_to_stderr(args.json):  # Ray and vLLM log to stdout: keep `--json` output one object
         for mode in modes:
+            before = host_probe_ms()
             rows = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
             pts = points_of(spec, mode, points, args.repeats, rows)
-            result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts}
+            result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
+                                  "host_probe_ms": [before, host_probe_ms()]}
             print(f"[{mode}] mean |error| {result_modes[mode]['mean_abs_error_pct']:.1f}%", file=sys.stderr)
 
     import torch
