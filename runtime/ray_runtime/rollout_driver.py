@@ -94,8 +94,12 @@ class RolloutDriver:
         r.load += 1
         actor = r.actor
         try:
+            sent = time.monotonic()
             res: GenResult = await actor.generate.remote(r.slot_no, req)
             r.served += 1
+            if self.rt.request_log:  # the engine's own timestamps (one clock per machine: `sent` and `back` read it too)
+                self.metrics.write("request", worker=r.worker_id, phase=req.phase, prompt_tokens=len(req.prompt_ids), generated=len(res.token_ids), cached=res.cached_tokens,
+                                   loaded=res.loaded_tokens, in_flight=r.load, sent=round(sent, 6), back=round(time.monotonic(), 6), engine_times=res.engine_times)
             return res
         except actor_errors() as exc:
             if await self._lost_with_node(r):
