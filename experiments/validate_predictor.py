@@ -91,13 +91,17 @@ def run_spec(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], r
                                    "transition_costs": costs})
 
 
-def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, log: Any) -> list[dict[str, Any]]:
-    """Every batch's telemetry row from one runtime run of this mode."""
+def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, log: Any, metrics: Path | None = None) -> list[dict[str, Any]]:
+    """Every batch's telemetry row from one runtime run of this mode (its metrics JSONL at
+    `metrics`, with a `request` record per engine call, else in a temporary folder)."""
     from runtime.ray_runtime.controller import Controller
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        ctl = Controller(run_spec(spec, mode, points, repeats, Path(tmp) / "metrics.jsonl"), backend="vllm", on_step=rows.append, log=log)
+        run = run_spec(spec, mode, points, repeats, metrics or Path(tmp) / "metrics.jsonl")
+        if metrics is not None:
+            run = run.model_copy(update={"runtime": run.runtime.model_copy(update={"request_log": True})})
+        ctl = Controller(run, backend="vllm", on_step=rows.append, log=log)
 
         async def main() -> Any:
             try:

@@ -1,0 +1,58 @@
+"""experiments/engine_timings.py's reading of `request` records: decode steps, concurrency and
+time outside the engine from the engine's own timestamps, against the profile's terms."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+import engine_timings as et  # noqa: E402
+
+from models.builder import build_models  # noqa: E402
+from models.config import load_experiment  # noqa: E402
+
+
+def _request(worker: str, phase: str, start: float, steps: int, step_s: float, in_flight: int = 1) -> dict:
+    first = start + 0.01
+    last = first + step_s * (steps - 1)
+    return {"record": "request", "worker": worker, "phase": phase, "engine_times": [start, start + 0.002, first, last, steps],
+            "sent": start - 0.004, "back": last + 0.006, "prompt_tokens": 128, "in_flight": in_flight}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return build_models(load_experiment("configs/experiments/train-cpu-tiny.yaml")).predictor.colocated_engine
+
+
+def test_concurrency_counts_the_requests_decoding_at_once():
+    first = np.array([0.0, 0.0, 0.5])
+    last = np.array([1.0, 1.0, 1.5])
+    c = et.concurrency(first, last, samples=5)
+    # sampled at 0, 1/4, 1/2, 3/4, 1 of each decode (ends included): the first two see 2, 2, 3, 3, 3;
+    # the third 3, 3, 3, 1, 1
+    assert c[0] == pytest.approx(2.6) and c[1] == pytest.approx(2.6)
+    assert c[2] == pytest.approx(2.2)
+
+
+def test_summarize_reads_steps_and_outside_time_and_prices_the_profile_at_the_concurrency_seen(engine):
+    recs = [_request("a", "full", 0.0, 11, 0.02, in_flight=4) for _ in range(4)] + [_request("b", "full", 5.0, 11, 0.005)]
+    rows = {r["worker"]: r for r in et.summarize(recs, engine, engine.profile)}
+    a, b = rows["a"], rows["b"]
+    assert a["requests"] == 4 and a["decode_step_ms"] == pytest.approx(20.0) and a["concurrency"] == pytest.approx(4.0)
+    assert b["decode_step_ms"] == pytest.approx(5.0) and b["concurrency"] == pytest.approx(1.0)
+    assert a["first_step_ms"] == pytest.approx(8.0) and a["outside_ms"] == pytest.approx(10.0)
+    # the profile's step grows with the sequences decoding together; the error is the profile's against the measurement
+    assert a["decode_profile_ms"] > b["decode_profile_ms"]
+    assert a["decode_error_pct"] == pytest.approx((a["decode_profile_ms"] - 20.0) / 20.0 * 100, abs=0.1)
+    assert a["outside_profile_ms"] == pytest.approx(float(engine.profile.outside_engine_s(4.0)) * 1000, abs=0.01)
+
+
+def test_a_pd_profiles_outside_time_is_judged_per_turn_not_per_call(engine):
+    recs = [_request("p", "prefill", 0.0, 1, 0.0), _request("d", "decode", 1.0, 9, 0.01)]
+    rows = et.summarize(recs, engine, engine.profile, per_turn=True)
+    assert all(r["outside_profile_ms"] is None for r in rows)
+    assert "decode_step_ms" not in next(r for r in rows if r["phase"] == "prefill")  # one token: no decode step
