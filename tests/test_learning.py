@@ -18,6 +18,10 @@ window of 4 steps has sd ~0.015, so a window difference at a fixed policy has sd
 (0.06, ~3 sd) bounds the controls. How fast the reward leaves 0.5 varies more than that noise:
 a fresh clone on 2026-12-02 saw the P/D run rise by only 0.105 (its first window 0.533, high),
 below the old 0.12 bar. RISE = 0.08 is ~4 sd above a run that does not learn.
+Runs were 14 steps until 2026-12-02, when a fresh clone's flipped run had not begun to fall by
+step 13 (gain +0.007); run alone for 24 steps right after, the same run stayed at 0.44-0.54
+for 8 steps and then fell to 0.04 (gain -0.42). The onset varies more than the slope, so every
+run now takes 24 steps (~20 s more each).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from controller_runs import run_controller
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
 
 CONFIG = "configs/experiments/train-cpu-learn.yaml"
-STEPS = 14
+STEPS = 24  # the reward stays near 0.5 for a while before it moves: 8 steps in one run, more than 10 in another (below)
 WINDOW = 4
 RISE = 0.08  # last-window minus first-window mean reward that counts as learning
 NULL = 0.06  # what a run that does not learn stays within (about 3 sd of a window difference)
