@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 import validate_predictor as vp  # noqa: E402  (sets the engines' environment first)
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment  # noqa: E402
-from models.step_latency import EngineProfile, StepLatencyModel  # noqa: E402
+from models.config import ConfigError, load_experiment  # noqa: E402
+from models.step_latency import StepLatencyModel  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
 
@@ -50,10 +50,11 @@ def concurrency(first: np.ndarray, last: np.ndarray, samples: int = 8) -> np.nda
     return out
 
 
-def summarize(records: list[dict[str, Any]], engine: StepLatencyModel, profile: EngineProfile, per_turn: bool = False) -> list[dict[str, Any]]:
-    """One row per (worker, phase): measured engine timings against the profile's terms.
+def summarize(records: list[dict[str, Any]], engine: StepLatencyModel, per_turn: bool = False) -> list[dict[str, Any]]:
+    """One row per (worker, phase): measured engine timings against the terms of the engine's profile.
     per_turn: the profile's outside-the-engine time covers a turn's two calls (a P/D profile),
     so it is compared with the prefill and decode calls' sum in `turn_outside`, not per call."""
+    profile = engine.profile
     rows = []
     keys = sorted({(r["worker"], r["phase"]) for r in records if r.get("engine_times")})
     for worker, phase in keys:
@@ -90,10 +91,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/engine_timings.json"))
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
-    if args.repeats < 1 or args.env_scale < 0:
-        raise SystemExit("engine_timings: error: --repeats >= 1 and --env-scale >= 0")
-    spec = load_experiment(args.config)
-    points = [(int(b), args.env_scale) for b in args.batches.split(",")]
+    batches = args.batches.split(",")
+    if args.repeats < 1 or args.env_scale < 0 or not all(b.isdigit() and int(b) > 0 for b in batches):
+        raise SystemExit(f"engine_timings: error: --batches takes positive integers separated by commas (got {args.batches!r}), --repeats >= 1, --env-scale >= 0")
+    try:
+        spec = load_experiment(args.config)
+    except ConfigError as e:
+        raise SystemExit(f"engine_timings: error: {e}") from None
+    points = [(int(b), args.env_scale) for b in batches]
     pred = build_models(spec).predictor  # the deployment's profiles, as `pearl train` plans with them
     engine = pred.decode_engine if args.mode == "disaggregated" else pred.colocated_engine
     profile = engine.profile
@@ -102,7 +107,7 @@ def main() -> None:
         vp.measure(spec, args.mode, points, args.repeats, log=lambda m: None, metrics=metrics)
         records = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["record"] == "request"]
     per_turn = args.mode == "disaggregated"
-    rows = summarize(records, engine, profile, per_turn)
+    rows = summarize(records, engine, per_turn)
     result = {"experiment": args.config, "mode": args.mode, "profile": profile.name, "points": points, "repeats": args.repeats, "host_probe_ms": vp.host_probe_ms(), "engines": rows}
     if per_turn:
         decode = [r for r in rows if r["phase"] == "decode"]

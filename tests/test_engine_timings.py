@@ -40,7 +40,7 @@ def test_concurrency_counts_the_requests_decoding_at_once():
 
 def test_summarize_reads_steps_and_outside_time_and_prices_the_profile_at_the_concurrency_seen(engine):
     recs = [_request("a", "full", 0.0, 11, 0.02, in_flight=4) for _ in range(4)] + [_request("b", "full", 5.0, 11, 0.005)]
-    rows = {r["worker"]: r for r in et.summarize(recs, engine, engine.profile)}
+    rows = {r["worker"]: r for r in et.summarize(recs, engine)}
     a, b = rows["a"], rows["b"]
     assert a["requests"] == 4 and a["decode_step_ms"] == pytest.approx(20.0) and a["concurrency"] == pytest.approx(4.0)
     assert b["decode_step_ms"] == pytest.approx(5.0) and b["concurrency"] == pytest.approx(1.0)
@@ -53,6 +53,6 @@ def test_summarize_reads_steps_and_outside_time_and_prices_the_profile_at_the_co
 
 def test_a_pd_profiles_outside_time_is_judged_per_turn_not_per_call(engine):
     recs = [_request("p", "prefill", 0.0, 1, 0.0), _request("d", "decode", 1.0, 9, 0.01)]
-    rows = et.summarize(recs, engine, engine.profile, per_turn=True)
+    rows = et.summarize(recs, engine, per_turn=True)
     assert all(r["outside_profile_ms"] is None for r in rows)
     assert "decode_step_ms" not in next(r for r in rows if r["phase"] == "prefill")  # one token: no decode step
