@@ -48,7 +48,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGI
 import numpy as np  # noqa: E402
 
 from models.builder import build_models, load_profiles  # noqa: E402
-from models.config import Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, load_experiment  # noqa: E402
+from models.config import ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, load_experiment  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 
 POLICY = {"colocated": "roll", "disaggregated": "rlboost+pd"}
@@ -174,8 +174,15 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the result's summary as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
 
-    spec = load_experiment(args.config)
-    points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
+    try:
+        spec = load_experiment(args.config)
+        points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
+    except ConfigError as e:
+        raise SystemExit(f"validate_predictor: error: {e}") from None
+    except ValueError:
+        raise SystemExit(f"validate_predictor: error: --batches takes integers and --env-scales numbers, separated by commas (got {args.batches!r}, {args.env_scales!r})") from None
+    if any(b < 1 for b, _ in points) or any(e < 0 for _, e in points):
+        raise SystemExit(f"validate_predictor: error: --batches >= 1 and --env-scales >= 0 (got {args.batches!r}, {args.env_scales!r})")
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(POLICY) or args.repeats < 1:
         raise SystemExit(f"validate_predictor: error: --modes from {sorted(POLICY)}, --repeats >= 1")
