@@ -11,7 +11,10 @@ measured in place:
     each request's decode) and the request's context;
   - first step: first token - scheduled (a prefill; for a P/D decode, the KV handoff);
   - outside the engine: (queued - sent) + (back - last token), against the profile's
-    `request_overhead` at the requests in flight on that engine.
+    `request_overhead` at the requests in flight on that engine; split into the part inside the
+    rollout worker's actor (its AsyncLLM's input and output processing: the actor's time around
+    the call less the engine's queued-to-last-token) and the rest (the Ray round trip and the
+    driver's event loop).
 This is how the P/D profile's idle-partner bias was found (2026-12-02: decode steps 18% slower
 in place than the profile said). Writes results/engine_timings.json and prints a table.
 
@@ -63,10 +66,16 @@ def summarize(records: list[dict[str, Any]], engine: StepLatencyModel, per_turn:
         sent, back = np.array([r["sent"] for r in rs]), np.array([r["back"] for r in rs])
         ctx = np.array([r["prompt_tokens"] for r in rs], dtype=float)
         outside = (t[:, 0] - sent) + (back - t[:, 3])
+        # the actor's own time around the engine call (records from before 2026-12-02 lack it):
+        # what is left of `outside` is the Ray round trip and the driver's event loop
+        actor = np.array([r.get("actor_s", np.nan) for r in rs], dtype=float)
+        in_actor = actor - (t[:, 3] - t[:, 0])
         in_flight = np.array([r["in_flight"] for r in rs], dtype=float)
         row: dict[str, Any] = {"worker": worker, "phase": phase, "requests": len(rs),
                                "first_step_ms": round(float(np.median(t[:, 2] - t[:, 1])) * 1000, 2),
                                "outside_ms": round(float(np.median(outside)) * 1000, 2),
+                               "outside_in_actor_ms": None if np.isnan(actor).all() else round(float(np.nanmedian(in_actor)) * 1000, 2),
+                               "outside_driver_ray_ms": None if np.isnan(actor).all() else round(float(np.nanmedian(outside - in_actor)) * 1000, 2),
                                "outside_profile_ms": None if per_turn else round(float(np.median(profile.outside_engine_s(in_flight))) * 1000, 2),
                                "in_flight": round(float(np.median(in_flight)), 1)}
         dec = t[:, 4] > 1
@@ -121,11 +130,11 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"engine timings in place ({args.mode}, profile {profile.name})")
-    for c in ("worker", "phase", "requests", "decode step ms", "profile ms", "error %", "concurrency", "first step ms", "outside ms", "profile outside ms"):
+    for c in ("worker", "phase", "requests", "decode step ms", "profile ms", "error %", "concurrency", "first step ms", "outside ms", "in actor", "driver + Ray", "profile outside ms"):
         t.add_column(c)
     for r in rows:
         t.add_row(r["worker"], r["phase"], str(r["requests"]), str(r.get("decode_step_ms", "-")), str(r.get("decode_profile_ms", "-")), str(r.get("decode_error_pct", "-")),
-                  str(r.get("concurrency", "-")), str(r["first_step_ms"]), str(r["outside_ms"]), "per turn" if r["outside_profile_ms"] is None else str(r["outside_profile_ms"]))
+                  str(r.get("concurrency", "-")), str(r["first_step_ms"]), str(r["outside_ms"]), str(r["outside_in_actor_ms"]), str(r["outside_driver_ray_ms"]), "per turn" if r["outside_profile_ms"] is None else str(r["outside_profile_ms"]))
     console = Console(width=160, stderr=args.json)
     console.print(t)
     if per_turn:

@@ -16,11 +16,12 @@ from models.builder import build_models  # noqa: E402
 from models.config import load_experiment  # noqa: E402
 
 
-def _request(worker: str, phase: str, start: float, steps: int, step_s: float, in_flight: int = 1) -> dict:
+def _request(worker: str, phase: str, start: float, steps: int, step_s: float, in_flight: int = 1, actor_s: float | None = None) -> dict:
     first = start + 0.01
     last = first + step_s * (steps - 1)
-    return {"record": "request", "worker": worker, "phase": phase, "engine_times": [start, start + 0.002, first, last, steps],
-            "sent": start - 0.004, "back": last + 0.006, "prompt_tokens": 128, "in_flight": in_flight}
+    rec = {"record": "request", "worker": worker, "phase": phase, "engine_times": [start, start + 0.002, first, last, steps],
+           "sent": start - 0.004, "back": last + 0.006, "prompt_tokens": 128, "in_flight": in_flight}
+    return rec if actor_s is None else {**rec, "actor_s": actor_s}
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +57,14 @@ def test_a_pd_profiles_outside_time_is_judged_per_turn_not_per_call(engine):
     rows = et.summarize(recs, engine, per_turn=True)
     assert all(r["outside_profile_ms"] is None for r in rows)
     assert "decode_step_ms" not in next(r for r in rows if r["phase"] == "prefill")  # one token: no decode step
+
+
+def test_outside_time_splits_into_the_actors_part_and_the_driver_and_ray_part(engine):
+    # engine 10 + 9 x 10 ms = 100 ms from queued to last token; the actor saw 103 ms around it,
+    # so 3 of the call's 10 ms outside the engine were inside the actor, 7 between driver and actor
+    rows = et.summarize([_request("a", "full", 0.0, 10, 0.01, actor_s=0.103) for _ in range(3)], engine)
+    assert rows[0]["outside_ms"] == pytest.approx(10.0)
+    assert rows[0]["outside_in_actor_ms"] == pytest.approx(3.0) and rows[0]["outside_driver_ray_ms"] == pytest.approx(7.0)
+    # records without the actor's time (older logs) leave the split out rather than guess it
+    old = et.summarize([_request("a", "full", 0.0, 10, 0.01)], engine)[0]
+    assert old["outside_in_actor_ms"] is None and old["outside_driver_ray_ms"] is None
