@@ -19,6 +19,11 @@ tool-latency scale), walked by the runtime's own load changes. Refit is off: eve
 comes from the deployment profiles named in the config (measured before, separately), for
 the layout the runtime reports it ran.
 
+Beside each point's error: the profile's decode step against the engines' own in those batches
+(`engine_decode_error_pct`, from the runtime's per-call `request` records; a diagnosis, never
+an input): where the two move together, the engines ran at another speed than when they were
+profiled, which on this shared VM is the host's speed.
+
 Writes results/validate_predictor.json and .png and prints a table.
 
 usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 3] [--json]
@@ -71,6 +76,23 @@ def host_probe_ms() -> float:
             a @ a
         times.append((time.perf_counter() - t0) * 1000.0)
     return round(statistics.median(times[1:]), 1)
+
+
+def cpu_times() -> tuple[float, float]:
+    """(steal, total) jiffies of this machine's CPUs (/proc/stat; zeros where there is none): the
+    time a hypervisor gave this VM's CPUs to another guest, beside all time."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return (fields[7] if len(fields) > 7 else 0.0), sum(fields[:8])
+
+
+def steal_pct(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Share of CPU time stolen by the hypervisor between two `cpu_times` readings, in %."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total * 100, 2) if total > 0 else None
 
 
 def point_workload(spec: ExperimentSpec, batch: int, env_scale: float) -> dict[str, Any]:
@@ -126,7 +148,31 @@ def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float) -> f
     return p.colocated(int(ratio.rstrip("C"))).completion_s
 
 
-def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def engine_mode(spec: ExperimentSpec, mode: str) -> Any:
+    """The deployment profile's engine whose decode steps a mode's batches run on."""
+    pred = build_models(spec).predictor
+    return pred.decode_engine if mode == "disaggregated" else pred.colocated_engine
+
+
+def batch_decode_errors(records: list[dict[str, Any]], engine: Any) -> dict[int, float]:
+    """Per batch (its step): the profile's decode step against the engines' own in that batch,
+    in % (experiments/engine_timings.py's reading of the `request` records, weighted by
+    requests). Not an input to any prediction: it says how much of a batch's error is the
+    engines running at another speed than when they were profiled (the host's speed)."""
+    import engine_timings as et
+
+    requests = [r for r in records if r["record"] == "request"]
+    out, begun = {}, -np.inf
+    for end in (r for r in records if r["record"] == "rollout_step"):
+        mine = [r for r in requests if begun < r["t"] <= end["t"]]  # staleness 0: batches never overlap
+        begun = end["t"]
+        rows = [x for x in et.summarize(mine, engine) if "decode_error_pct" in x]
+        if rows:
+            out[int(end["step"])] = round(sum(x["decode_error_pct"] * x["requests"] for x in rows) / sum(x["requests"] for x in rows), 1)
+    return out
+
+
+def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]], engine_errors: dict[int, float] | None = None) -> list[dict[str, Any]]:
     out = []
     for i, (b, e) in enumerate(points):
         mine = rows[1 + i * repeats: 1 + (i + 1) * repeats]
@@ -138,6 +184,9 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
         out.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": ratios[0], "predicted_s": round(predicted, 4), "measured_s": round(measured, 4),
                     "error_pct": round((predicted - measured) / measured * 100, 2), "measured_each_s": [round(r["rollout_s"], 4) for r in mine],
                     "runtime_predicted_s": [None if not np.isfinite(r["predicted_s"]) else round(r["predicted_s"], 4) for r in mine]})
+        seen = [engine_errors[r["step"]] for r in mine if engine_errors and r["step"] in engine_errors]
+        if seen:
+            out[-1]["engine_decode_error_pct"] = round(statistics.median(seen), 1)
     return out
 
 
@@ -192,11 +241,14 @@ def main() -> None:
     result_modes: dict[str, Any] = {}
     with stdout_to_stderr(args.json):  # Ray and vLLM log to stdout: keep `--json` output one object
         for mode in modes:
-            before = host_probe_ms()
-            rows = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
-            pts = points_of(spec, mode, points, args.repeats, rows)
+            before, cpu0 = host_probe_ms(), cpu_times()
+            with tempfile.TemporaryDirectory() as tmp:  # with a `request` record per engine call (`runtime.request_log`)
+                metrics = Path(tmp) / "metrics.jsonl"
+                rows = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr), metrics=metrics)
+                records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, engine_mode(spec, mode)))
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
-                                  "host_probe_ms": [before, host_probe_ms()]}
+                                  "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}
             print(f"[{mode}] mean |error| {result_modes[mode]['mean_abs_error_pct']:.1f}%", file=sys.stderr)
 
     import torch
@@ -227,11 +279,12 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"predicted vs measured batch completion through the runtime ({spec.name}; profiles {result['profile']}, {result['pd_profile']})")
-    for c in ("mode", "layout", "B", "tool s", "measured s (each)", "predicted s", "error %"):
+    for c in ("mode", "layout", "B", "tool s", "measured s (each)", "predicted s", "error %", "engine decode step error %"):
         t.add_column(c)
     for mode, v in result_modes.items():
         for p in v["points"]:
-            t.add_row(mode, p["layout"], str(p["batch"]), f"{p['env_s']:.2f}", f"{p['measured_s']:.3f} ({', '.join(f'{x:.2f}' for x in p['measured_each_s'])})", f"{p['predicted_s']:.3f}", f"{p['error_pct']:+.1f}")
+            t.add_row(mode, p["layout"], str(p["batch"]), f"{p['env_s']:.2f}", f"{p['measured_s']:.3f} ({', '.join(f'{x:.2f}' for x in p['measured_each_s'])})", f"{p['predicted_s']:.3f}", f"{p['error_pct']:+.1f}",
+                      f"{p['engine_decode_error_pct']:+.1f}" if "engine_decode_error_pct" in p else "-")
     console = Console(width=160, stderr=args.json)
     console.print(t)
     console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" for m, v in result_modes.items()) + " (target <= 10%)")
