@@ -61,3 +61,43 @@ def test_an_unknown_control_is_refused_with_the_field_named(tmp_path: Path) -> N
         load_experiment(cfg)
     assert "runtime.control" in str(e.value) and "frozen_engines" in str(e.value), str(e.value)
     assert load_experiment("configs/experiments/train-cpu-learn.yaml").runtime.control == "none"
+
+
+def test_a_worker_lost_while_the_trainer_scores_the_probe_is_skipped_not_fatal() -> None:
+    """The weights check awaits the trainer's probe first; a node loss meanwhile drops a worker's
+    actor (a fresh clone's multinode run died of `None.probe_logprobs`). The lost worker is
+    left for its next start's check; the others are still compared."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from runtime.ray_runtime.trainer_loop import TrainerLoop
+
+    probe = [-1.0, -2.0]
+
+    class Remote:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Engine:
+        def __init__(self) -> None:
+            async def answer(slot, tokens):
+                return probe
+            self.probe_logprobs = Remote(answer)
+
+    lost = SimpleNamespace(actor=Engine(), slot_no=0, worker_id="w:lost")
+    kept = SimpleNamespace(actor=Engine(), slot_no=0, worker_id="w:kept")
+
+    async def trainer_probe(version):
+        lost.actor = None  # the node leaves while the trainer works
+        return probe
+
+    written = []
+    loop = TrainerLoop()
+    loop.trainer = SimpleNamespace(probe_logprobs=Remote(trainer_probe))
+    loop.metrics = SimpleNamespace(write=lambda record, **kw: written.append((record, kw)))
+    loop.weights_verified = loop.weights_mismatched = 0
+    loop.log = print
+    asyncio.run(loop._verify_weights([lost, kept], 3, "push"))
+    [(record, check)] = written
+    assert record == "weights_check" and check["engines"] == 2 and check["compared"] == 1 and check["mismatched"] == []
+    assert loop.weights_verified == 1 and loop.weights_mismatched == 0

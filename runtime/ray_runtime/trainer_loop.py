@@ -120,9 +120,12 @@ class TrainerLoop:
         if not slots:
             return
         expected = np.asarray(await self.trainer.probe_logprobs.remote(version))
-        answers = await asyncio.gather(*(r.actor.probe_logprobs.remote(r.slot_no, PROBE_TOKENS) for r in slots), return_exceptions=True)
+        # a worker lost while the trainer scored the probe (its node left: its actor is gone) is
+        # checked when it starts again; asking it would end the run (fresh clone, 2026-12-02)
+        asked = [r for r in slots if r.actor is not None]
+        answers = await asyncio.gather(*(r.actor.probe_logprobs.remote(r.slot_no, PROBE_TOKENS) for r in asked), return_exceptions=True)
         compared, mismatched, max_diff = 0, [], 0.0
-        for r, got in zip(slots, answers):
+        for r, got in zip(asked, answers):
             if isinstance(got, BaseException) or len(got) != len(expected):
                 continue  # stopped or re-roled meanwhile: it is checked again when it starts
             compared += 1
