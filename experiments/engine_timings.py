@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import numpy as np  # noqa: E402
 import validate_predictor as vp  # noqa: E402  (sets the engines' environment first)
 
-from models.builder import build_models  # noqa: E402
 from models.config import ConfigError, load_experiment  # noqa: E402
 from models.step_latency import StepLatencyModel  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
@@ -108,13 +106,11 @@ def main() -> None:
     except ConfigError as e:
         raise SystemExit(f"engine_timings: error: {e}") from None
     points = [(int(b), args.env_scale) for b in batches]
-    pred = build_models(spec).predictor  # the deployment's profiles, as `pearl train` plans with them
-    engine = pred.decode_engine if args.mode == "disaggregated" else pred.colocated_engine
+    engine = vp.engine_mode(spec, args.mode)  # the deployment's profiles, as `pearl train` plans with them
     profile = engine.profile
-    with stdout_to_stderr(args.json), tempfile.TemporaryDirectory() as tmp:
-        metrics = Path(tmp) / "metrics.jsonl"
-        vp.measure(spec, args.mode, points, args.repeats, log=lambda m: None, metrics=metrics)
-        records = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["record"] == "request"]
+    with stdout_to_stderr(args.json):
+        _, records = vp.measure(spec, args.mode, points, args.repeats, log=lambda m: None)
+    records = [r for r in records if r["record"] == "request"]
     per_turn = args.mode == "disaggregated"
     rows = summarize(records, engine, per_turn)
     result = {"experiment": args.config, "mode": args.mode, "profile": profile.name, "points": points, "repeats": args.repeats, "host_probe_ms": vp.host_probe_ms(), "engines": rows}

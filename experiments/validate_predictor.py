@@ -104,7 +104,7 @@ def run_spec(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], r
     first = spec.workload.model_validate({**spec.workload.model_dump(), **point_workload(spec, *points[0])})
     changes = [LoadChangeSpec(at_step=1 + i * repeats, workload=point_workload(spec, b, e)) for i, (b, e) in enumerate(points)]
     runtime = spec.runtime.model_copy(update={"backend": "vllm", "task": "synthetic", "trainer_backend": "emulated", "steps": 1 + len(points) * repeats, "refit": False,
-                                              "metrics_path": str(metrics), "load_changes": changes, "elastic_events": [], "faults": []})
+                                              "metrics_path": str(metrics), "request_log": True, "load_changes": changes, "elastic_events": [], "faults": []})
     # Engine starts are free here: the planner then serves with the layout it predicts fastest
     # (both rollout slots), the deployment the profiles were measured for, instead of weighing
     # a second engine's start against a few short batches.
@@ -113,17 +113,15 @@ def run_spec(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], r
                                    "transition_costs": costs})
 
 
-def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, log: Any, metrics: Path | None = None) -> list[dict[str, Any]]:
-    """Every batch's telemetry row from one runtime run of this mode (its metrics JSONL at
-    `metrics`, with a `request` record per engine call, else in a temporary folder)."""
+def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, log: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One runtime run of this mode: every batch's telemetry row, and the run's metrics records
+    (with a `request` record per engine call: `runtime.request_log`)."""
     from runtime.ray_runtime.controller import Controller
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        run = run_spec(spec, mode, points, repeats, metrics or Path(tmp) / "metrics.jsonl")
-        if metrics is not None:
-            run = run.model_copy(update={"runtime": run.runtime.model_copy(update={"request_log": True})})
-        ctl = Controller(run, backend="vllm", on_step=rows.append, log=log)
+        metrics = Path(tmp) / "metrics.jsonl"
+        ctl = Controller(run_spec(spec, mode, points, repeats, metrics), backend="vllm", on_step=rows.append, log=log)
 
         async def main() -> Any:
             try:
@@ -132,9 +130,10 @@ def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], re
                 await ctl.shutdown()
 
         summary = asyncio.run(main())
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
     if summary.lost_trajectories:
         raise SystemExit(f"validate_predictor: {mode}: {summary.lost_trajectories} trajectories lost; the measurement is not valid")
-    return rows
+    return rows, records
 
 
 def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float) -> float:
@@ -242,10 +241,7 @@ def main() -> None:
     with stdout_to_stderr(args.json):  # Ray and vLLM log to stdout: keep `--json` output one object
         for mode in modes:
             before, cpu0 = host_probe_ms(), cpu_times()
-            with tempfile.TemporaryDirectory() as tmp:  # with a `request` record per engine call (`runtime.request_log`)
-                metrics = Path(tmp) / "metrics.jsonl"
-                rows = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr), metrics=metrics)
-                records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            rows, records = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
             pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, engine_mode(spec, mode)))
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
                                   "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}

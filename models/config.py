@@ -459,7 +459,7 @@ class RuntimeSpec(Frozen):
     trainer_world_size: GPUCount = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: GPUCount = Field(1, description="emulated backend: actors hosting the virtual GPUs")
     refit: bool = Field(True, description="refit the predictor from each measured step; false plans with the configured models throughout (what the simulator does)")
-    request_log: bool = Field(False, description="write a `request` metrics record per engine call with the engine's own timestamps (experiments/engine_timings.py reads them; ~250 bytes per call)")
+    request_log: bool = Field(False, description="write a `request` metrics record per engine call: the driver's send and receive times, the actor's time around the call and the engine's own timestamps (experiments/engine_timings.py reads them; ~260 bytes per call)")
     max_restarts_per_slot: Annotated[int, Range(0, 100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
     restart_backoff_s: Annotated[float, Range(0, 600)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
     faults: list[FaultSpec] = Field(default_factory=list, description="fault injection for tests: engines that die on matching requests")
