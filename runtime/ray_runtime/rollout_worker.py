@@ -51,7 +51,13 @@ class EmulatedSettings:
 
 
 class RolloutWorker:
-    """Async actor: every method is a coroutine so generation, aborts and weight loads interleave."""
+    """Async actor: every method is a coroutine so generation, aborts and weight loads interleave.
+
+    An engine's lifecycle (start, stop, role switch) and the calls that need it alive through
+    an engine-core round trip (a weight load, a probe) hold the slot's lock. A weight push that
+    paused an engine a role switch then shut down waited for the engine core's answer forever,
+    and held the controller's weights lock, so the next engine start waited too (CI,
+    2026-12-02: the scenario run stopped for its whole 600 s deadline)."""
 
     def __init__(self, backend: Backend, settings: EngineSettings | None = None, emulated: EmulatedSettings | None = None, faults: tuple[tuple[str, str], ...] = ()) -> None:
         self.backend = backend
@@ -65,6 +71,10 @@ class RolloutWorker:
         self.version = 0
         self.started_s: dict[int, float] = {}
         self.kinds: dict[int, Kind | None] = {}  # per slot: its engine's (GPU type, TP degree), kept across role switches
+        self.locks: dict[int, asyncio.Lock] = {}  # per slot: its engine's lifecycle (see the class docstring)
+
+    def _lock(self, slot: int) -> asyncio.Lock:
+        return self.locks.setdefault(slot, asyncio.Lock())
 
     def _make(self, slot: int, role: Role) -> Engine:
         engine = self._engine(slot, role)
@@ -86,6 +96,10 @@ class RolloutWorker:
     async def start_slot(self, slot: int, role: Role, kind: Kind | None = None) -> dict[str, Any]:
         """Start the slot's engine (of `kind`: its GPU type and TP degree, where the cluster mixes
         them) and bring it to the latest weights before it is admitted."""
+        async with self._lock(slot):
+            return await self._start(slot, role, kind)
+
+    async def _start(self, slot: int, role: Role, kind: Kind | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         if kind is not None:
             self.kinds[slot] = kind
@@ -96,7 +110,7 @@ class RolloutWorker:
             return {"ok": False, "slot": slot, "error": str(exc)}
         if self.backend == "emulated" and self.emulated is not None:
             await asyncio.sleep(self.emulated.engine_start_s / self.emulated.time_scale)
-        if self.blob is not None:
+        while self.blob is not None and engine.weight_version < self.version:  # a push during the start skipped this slot
             await engine.load_weights(self.blob, self.version)
         self.engines[slot] = engine
         self.inflight.setdefault(slot, set())
@@ -106,6 +120,10 @@ class RolloutWorker:
 
     async def stop_slot(self, slot: int) -> list[str]:
         """Abort what runs on the slot (callers get partial outputs back) and free the engine."""
+        async with self._lock(slot):
+            return await self._stop(slot)
+
+    async def _stop(self, slot: int) -> list[str]:
         aborted = await self.drain(slot)
         engine = self.engines.pop(slot, None)
         if engine is not None:
@@ -125,14 +143,15 @@ class RolloutWorker:
     async def switch_role(self, slot: int, role: Role) -> dict[str, Any]:
         """Same slot, same binding, new role. vLLM fixes the KV connector at start, so the engine restarts."""
         t0 = time.perf_counter()
-        old = self.engines.get(slot)
-        if old is not None and old.role == role:  # already in that role (a drained one serves again)
-            self.draining.discard(slot)
-            return {"ok": True, "slot": slot, "role": role, "seconds": 0.0}
-        await self.stop_slot(slot)
-        if self.backend == "emulated" and self.emulated is not None:
-            await asyncio.sleep(max(self.emulated.role_switch_s - self.emulated.engine_start_s, 0.0) / self.emulated.time_scale)
-        info = await self.start_slot(slot, role)
+        async with self._lock(slot):
+            old = self.engines.get(slot)
+            if old is not None and old.role == role:  # already in that role (a drained one serves again)
+                self.draining.discard(slot)
+                return {"ok": True, "slot": slot, "role": role, "seconds": 0.0}
+            await self._stop(slot)
+            if self.backend == "emulated" and self.emulated is not None:
+                await asyncio.sleep(max(self.emulated.role_switch_s - self.emulated.engine_start_s, 0.0) / self.emulated.time_scale)
+            info = await self._start(slot, role)
         info["seconds"] = time.perf_counter() - t0
         return info
 
@@ -163,11 +182,19 @@ class RolloutWorker:
         return len(self.inflight.get(slot, ()))
 
     async def load_weights(self, blob: bytes, version: int) -> dict[int, dict[str, float]]:
-        """Push new weights to every engine of this worker; in-flight requests pause and resume."""
+        """Push new weights to every engine of this worker; in-flight requests pause and resume.
+        A slot whose engine is starting, stopping or switching role is skipped, not waited for:
+        an engine that comes up loads these weights itself (`_start`), one that goes needs none."""
         self.blob, self.version = blob, version
         out: dict[int, dict[str, float]] = {}
-        for slot, engine in list(self.engines.items()):
-            out[slot] = await engine.load_weights(blob, version)
+        for slot in list(self.engines):
+            lock = self._lock(slot)
+            if lock.locked():
+                continue
+            async with lock:
+                engine = self.engines.get(slot)
+                if engine is not None and engine.weight_version < version:
+                    out[slot] = await engine.load_weights(blob, version)
         return out
 
     async def node_id(self) -> str:
@@ -183,7 +210,8 @@ class RolloutWorker:
         return {slot: e.role for slot, e in self.engines.items()}
 
     async def probe_logprobs(self, slot: int, tokens: tuple[int, ...]) -> tuple[float, ...]:
-        return await self.engines[slot].probe_logprobs(tokens)
+        async with self._lock(slot):
+            return await self.engines[slot].probe_logprobs(tokens)
 
     async def kv_stats(self, slot: int) -> dict[str, float]:
         """KV transfers the slot's engine has pulled from prefill engines (connector counters)."""
