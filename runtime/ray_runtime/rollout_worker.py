@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -54,7 +57,8 @@ class RolloutWorker:
     """Async actor: every method is a coroutine so generation, aborts and weight loads interleave.
 
     An engine's lifecycle (start, stop, role switch) and the calls that need it alive through
-    an engine-core round trip (a weight load, a probe) hold the slot's lock. A weight push that
+    an engine-core round trip (a weight load, a probe) hold the slot's lock; a push skips a slot
+    whose engine is changing (`_changing`). A weight push that
     paused an engine a role switch then shut down waited for the engine core's answer forever,
     and held the controller's weights lock, so the next engine start waited too (CI,
     2026-12-02: the scenario run stopped for its whole 600 s deadline)."""
@@ -72,9 +76,21 @@ class RolloutWorker:
         self.started_s: dict[int, float] = {}
         self.kinds: dict[int, Kind | None] = {}  # per slot: its engine's (GPU type, TP degree), kept across role switches
         self.locks: dict[int, asyncio.Lock] = {}  # per slot: its engine's lifecycle (see the class docstring)
+        self.changing: Counter[int] = Counter()  # per slot: starts, stops and switches under way or waiting
 
     def _lock(self, slot: int) -> asyncio.Lock:
         return self.locks.setdefault(slot, asyncio.Lock())
+
+    @asynccontextmanager
+    async def _changing(self, slot: int) -> AsyncIterator[None]:
+        """An engine start, stop or role switch: marked before it waits for the slot's lock, so
+        a push that comes meanwhile skips the slot instead of queueing behind it."""
+        self.changing[slot] += 1
+        try:
+            async with self._lock(slot):
+                yield
+        finally:
+            self.changing[slot] -= 1
 
     def _make(self, slot: int, role: Role) -> Engine:
         engine = self._engine(slot, role)
@@ -96,7 +112,7 @@ class RolloutWorker:
     async def start_slot(self, slot: int, role: Role, kind: Kind | None = None) -> dict[str, Any]:
         """Start the slot's engine (of `kind`: its GPU type and TP degree, where the cluster mixes
         them) and bring it to the latest weights before it is admitted."""
-        async with self._lock(slot):
+        async with self._changing(slot):
             return await self._start(slot, role, kind)
 
     async def _start(self, slot: int, role: Role, kind: Kind | None = None) -> dict[str, Any]:
@@ -120,7 +136,7 @@ class RolloutWorker:
 
     async def stop_slot(self, slot: int) -> list[str]:
         """Abort what runs on the slot (callers get partial outputs back) and free the engine."""
-        async with self._lock(slot):
+        async with self._changing(slot):
             return await self._stop(slot)
 
     async def _stop(self, slot: int) -> list[str]:
@@ -143,7 +159,7 @@ class RolloutWorker:
     async def switch_role(self, slot: int, role: Role) -> dict[str, Any]:
         """Same slot, same binding, new role. vLLM fixes the KV connector at start, so the engine restarts."""
         t0 = time.perf_counter()
-        async with self._lock(slot):
+        async with self._changing(slot):
             old = self.engines.get(slot)
             if old is not None and old.role == role:  # already in that role (a drained one serves again)
                 self.draining.discard(slot)
@@ -188,10 +204,9 @@ class RolloutWorker:
         self.blob, self.version = blob, version
         out: dict[int, dict[str, float]] = {}
         for slot in list(self.engines):
-            lock = self._lock(slot)
-            if lock.locked():
+            if self.changing[slot]:
                 continue
-            async with lock:
+            async with self._lock(slot):  # a probe may hold it for a moment
                 engine = self.engines.get(slot)
                 if engine is not None and engine.weight_version < version:
                     out[slot] = await engine.load_weights(blob, version)
