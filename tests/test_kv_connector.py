@@ -12,7 +12,9 @@ through `runtime/ray_runtime/kv_connector.py` at once, as the runtime sends them
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +44,16 @@ def test_concurrent_long_and_block_plus_one_prompts_hand_over_kv_without_killing
             turns.append((len(ctx), res.cached_tokens, res.loaded_tokens, len(res.token_ids)))
             ctx = ctx + list(res.token_ids) + [int(x) for x in rng.integers(10, 1000, 20)]
 
+    cores: list[int] = []
+
+    def engine_cores() -> list[int]:
+        return [c.pid for c in multiprocessing.active_children() if c.name.startswith("EngineCore") and c.pid is not None]
+
     async def main() -> None:
         p, d = VLLMEngine(settings, "prefill"), VLLMEngine(settings, "decode")
         await p.start()
         await d.start()
+        cores.extend(engine_cores())
         try:
             prompts = [[int(x) for x in rng.integers(10, 1000, int(n))] for n in rng.integers(150, 700, 32)]
             await asyncio.gather(*(trajectory(p, d, i, c) for i, c in enumerate(prompts)))
@@ -54,6 +62,13 @@ def test_concurrent_long_and_block_plus_one_prompts_hand_over_kv_without_killing
             await d.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), timeout=300))  # ~50 s here; pytest's own timeout is 1200 s
+    # a stop gives each engine core a short grace (vllm_args.ENGINE_EXIT_GRACE_S), then kills its
+    # process tree (without waiting for the kill to land): none may be left running after that
+    assert len(cores) == 2, cores
+    deadline = time.monotonic() + 10.0
+    while set(engine_cores()) & set(cores) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(engine_cores()) & set(cores), f"engine cores {cores} still running 10 s after their engines' shutdown"
     shutil.rmtree(store, ignore_errors=True)
     assert len(turns) == 32 * 3 and all(n == 8 for *_, n in turns), turns  # every decode ran: no engine died
     loaded = [t for t in turns if t[2] > 0]

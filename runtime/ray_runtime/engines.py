@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from runtime.ray_runtime.vllm_args import EngineSettings, engine_args, engine_core_env, kv_transfer_logger, sampling_params
+from runtime.ray_runtime.vllm_args import ENGINE_EXIT_GRACE_S, EngineSettings, engine_args, engine_core_env, kv_transfer_logger, sampling_params
 from runtime.ray_runtime.weight_sync import EMULATED_WEIGHTS
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -193,7 +193,7 @@ class VLLMEngine:
 
     async def shutdown(self) -> None:
         if self._engine is not None:
-            self._engine.shutdown()
+            self._engine.shutdown(timeout=ENGINE_EXIT_GRACE_S)
             self._engine = None
 
 

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 
 EXTENSION_CLS = "runtime.ray_runtime.weight_sync.WeightSyncExtension"
 
+# How long an engine core may take to exit after SIGTERM before vLLM kills its process tree.
+# Its KV connector and requests are shut down within ~0.2 s here; what follows is two full
+# garbage collections (the model runner's and the distributed cleanup's, ~3.5 s each on this
+# 2-core VM, 7.5-8.3 s to a natural exit), which vLLM's default grace of 5 s cut short anyway,
+# after every engine stop or role switch waited for it. The OS frees what they would.
+ENGINE_EXIT_GRACE_S = 1.0
+
 
 @dataclass(frozen=True)
 class EngineSettings:
