@@ -161,12 +161,14 @@ class Bootstrap:
     async def shutdown(self) -> None:
         import ray
 
-        for r in self.rec.values():
-            if r.actor is not None:
-                try:
-                    await asyncio.wait_for(r.actor.shutdown.remote(), timeout=30)
-                except Exception:
-                    pass
+        async def stop(actor: Any) -> None:
+            try:
+                await asyncio.wait_for(actor.shutdown.remote(), timeout=30)
+            except Exception:
+                pass
+
+        # every worker process at once: each stop waits out its engine core's exit grace
+        await asyncio.gather(*(stop(a) for a in {id(r.actor): r.actor for r in self.rec.values() if r.actor is not None}.values()))
         self.metrics.close()
         shutil.rmtree(self.kv_store, ignore_errors=True)
         if not self.address and ray.is_initialized():
