@@ -108,10 +108,10 @@ class ServedProfiler:
             return AsyncLLM.from_engine_args(args, stat_loggers=[vllm_args.kv_transfer_logger({"transfers": 0, "bytes": 0.0, "failed": 0, "seconds": 0.0})])
 
     def close(self) -> None:
-        from runtime.ray_runtime.vllm_args import ENGINE_EXIT_GRACE_S
+        from runtime.ray_runtime import vllm_args
 
         for engine in self._engines:
-            engine.shutdown(timeout=ENGINE_EXIT_GRACE_S)
+            engine.shutdown(timeout=vllm_args.ENGINE_EXIT_GRACE_S)
         self._engines = []
         if self._store:
             shutil.rmtree(self._store, ignore_errors=True)
