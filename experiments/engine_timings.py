@@ -39,16 +39,7 @@ import validate_predictor as vp  # noqa: E402  (sets the engines' environment fi
 from models.config import ConfigError, load_experiment  # noqa: E402
 from models.step_latency import StepLatencyModel  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
-
-
-def concurrency(first: np.ndarray, last: np.ndarray, samples: int = 8) -> np.ndarray:
-    """Per request: how many of the engine's requests (itself included) were decoding, averaged
-    over `samples` instants of its own decode."""
-    out = np.empty(first.size)
-    for i, (f, l) in enumerate(zip(first, last)):
-        at = np.linspace(f, l, samples)[:, None]
-        out[i] = float(((first[None, :] <= at) & (last[None, :] >= at)).sum(axis=1).mean())
-    return out
+from runtime.profiling_inplace import concurrency  # noqa: E402
 
 
 def summarize(records: list[dict[str, Any]], engine: StepLatencyModel, per_turn: bool = False) -> list[dict[str, Any]]:

