@@ -79,13 +79,13 @@ def main() -> None:
     args = ap.parse_args()
     try:
         spec = load_experiment(args.config)
-        points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
+        points = vp.grid(args.batches, args.env_scales)
     except ConfigError as e:
         raise SystemExit(f"calibrate_deployment: error: {e}") from None
     except ValueError:
         raise SystemExit(f"calibrate_deployment: error: --batches takes integers and --env-scales numbers, separated by commas (got {args.batches!r}, {args.env_scales!r})") from None
     modes = [m for m in args.modes.split(",") if m]
-    if any(b < 1 for b, _ in points) or any(e < 0 for _, e in points) or args.repeats < 1 or not modes or set(modes) - set(vp.POLICY):
+    if not points or any(b < 1 for b, _ in points) or any(e < 0 for _, e in points) or args.repeats < 1 or not modes or set(modes) - set(vp.POLICY):
         raise SystemExit(f"calibrate_deployment: error: --batches >= 1, --env-scales >= 0, --repeats >= 1, --modes from {sorted(vp.POLICY)} "
                          f"(got {args.batches!r}, {args.env_scales!r}, {args.repeats}, {args.modes!r})")
     names = {"colocated": args.colocated_name, "disaggregated": args.disaggregated_name}

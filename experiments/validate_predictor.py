@@ -95,6 +95,11 @@ def steal_pct(before: tuple[float, float], after: tuple[float, float]) -> float 
     return round((after[0] - before[0]) / total * 100, 2) if total > 0 else None
 
 
+def grid(batches: str, env_scales: str) -> list[tuple[int, float]]:
+    """The (batch, tool-latency scale) points of two comma-separated lists, scales outer (ValueError on a bad number)."""
+    return [(int(b), float(e)) for e in env_scales.split(",") for b in batches.split(",") if b]
+
+
 def point_workload(spec: ExperimentSpec, batch: int, env_scale: float) -> dict[str, Any]:
     return {"trajectories_per_batch": batch, "env_latency_s": scaled(spec.workload.env_latency_s, env_scale).model_dump()}
 
@@ -254,14 +259,13 @@ def main() -> None:
 
     try:
         spec = load_experiment(args.config)
-        points = [(int(b), float(e)) for e in args.env_scales.split(",") for b in args.batches.split(",")]
-        calibration = [(int(b), float(e)) for e in args.calibration_env_scales.split(",") for b in args.calibration_batches.split(",") if b]
+        points, calibration = grid(args.batches, args.env_scales), grid(args.calibration_batches, args.calibration_env_scales)
     except ConfigError as e:
         raise SystemExit(f"validate_predictor: error: {e}") from None
     except ValueError:
         raise SystemExit(f"validate_predictor: error: --batches / --calibration-batches take integers and --env-scales / --calibration-env-scales numbers, separated by commas "
                          f"(got {args.batches!r}, {args.env_scales!r}, {args.calibration_batches!r}, {args.calibration_env_scales!r})") from None
-    if any(b < 1 for b, _ in points + calibration) or any(e < 0 for _, e in points + calibration):
+    if not points or any(b < 1 for b, _ in points + calibration) or any(e < 0 for _, e in points + calibration):
         raise SystemExit(f"validate_predictor: error: batches >= 1 and env scales >= 0 (got {args.batches!r}, {args.env_scales!r}, {args.calibration_batches!r}, {args.calibration_env_scales!r})")
     if set(calibration) & set(points):
         raise SystemExit(f"validate_predictor: error: a calibration point is also a validated one: {sorted(set(calibration) & set(points))} (calibrate on other batches)")

@@ -105,3 +105,6 @@ def test_the_validation_refuses_to_calibrate_on_a_point_it_judges():
                            "--calibration-batches", "8", "--calibration-env-scales", "1.0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "a calibration point is also a validated one: [(8, 1.0)]" in proc.stderr
+    for script in ("validate_predictor.py", "calibrate_deployment.py"):  # no point at all is one clear error too, not an IndexError
+        proc = subprocess.run([sys.executable, f"experiments/{script}", "--batches", ""], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr and "error:" in proc.stderr, proc.stderr
