@@ -46,20 +46,13 @@ from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
 
 
-def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, base: EngineProfile, base_pd: EngineProfile) -> tuple[float, list[dict], InPlaceTerms | None]:
+def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile]) -> tuple[float, list[dict], InPlaceTerms | None]:
     """One runtime run of `mode` at the calibration points: its speed, its batches, and (colocated) the terms measured in place."""
     rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode}] {m}", file=sys.stderr))
-    batches = []
-    for i, (b, e) in enumerate(points):
-        for r in rows[1 + i * repeats: 1 + (i + 1) * repeats]:  # the first batch warms up
-            if r["mode"] != mode:
-                raise SystemExit(f"calibrate_deployment: the runtime ran {r['mode']} {r['ratio']} at B={b}, not a {mode} layout")
-            batches.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": r["ratio"], "measured_s": round(r["rollout_s"], 4),
-                            "predicted_base_s": round(vp.predict(spec, r["ratio"], b, e, (base, base_pd)), 4)})
     try:
+        batches = vp.calibration_batches(spec, mode, points, repeats, rows[1:], bases)  # the first batch warms up
         speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
-        engine = build_models(spec, profile=base, pd_profile=base_pd).predictor.colocated_engine
-        terms = inplace_terms(records, engine) if mode == "colocated" else None
+        terms = inplace_terms(records, build_models(spec, profile=bases[0], pd_profile=bases[1]).predictor.colocated_engine) if mode == "colocated" else None
     except ValueError as e:
         raise SystemExit(f"calibrate_deployment: error: {e}") from None
     return speed, batches, terms
@@ -102,7 +95,7 @@ def main() -> None:
     with stdout_to_stderr(args.json):
         for mode in modes:
             mode_base = base if mode == "colocated" else base_pd
-            speed, batches, terms = calibrate(spec, mode, points, args.repeats, base, base_pd)
+            speed, batches, terms = calibrate(spec, mode, points, args.repeats, (base, base_pd))
             path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
             path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")
             entry: dict = {"base_profile": mode_base.name, "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4), "batches": batches}

@@ -53,8 +53,9 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGI
 import numpy as np  # noqa: E402
 
 from models.builder import build_models, load_profiles  # noqa: E402
-from models.config import ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, load_experiment  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, load_experiment  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
+from runtime.profiling_inplace import base_of  # noqa: E402
 
 POLICY = {"colocated": "roll", "disaggregated": "rlboost+pd"}
 
@@ -195,30 +196,42 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
     return out
 
 
-def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, float]], repeats: int, cal_rows: list[dict[str, Any]], pts: list[dict[str, Any]]) -> dict[str, Any]:
+def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]], bases: tuple[Any, Any]) -> list[dict[str, Any]]:
+    """Each calibration batch (`repeats` rows per point, in order) with its completion as
+    measured and as the base profiles (colocated, P/D) predict it for the layout it ran
+    (ValueError if a batch ran another mode's layout)."""
+    out, predicted = [], {}
+    for i, (b, e) in enumerate(points):
+        for r in rows[i * repeats: (i + 1) * repeats]:
+            if r["mode"] != mode:
+                raise ValueError(f"the runtime ran {r['mode']} {r['ratio']} at calibration B={b}, not a {mode} layout")
+            if (r["ratio"], b, e) not in predicted:  # one prediction per layout and point, not per batch
+                predicted[(r["ratio"], b, e)] = predict(spec, r["ratio"], b, e, bases)
+            out.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": r["ratio"], "measured_s": round(r["rollout_s"], 4),
+                        "predicted_base_s": round(predicted[(r["ratio"], b, e)], 4)})
+    return out
+
+
+def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, float]], repeats: int, cal_rows: list[dict[str, Any]], pts: list[dict[str, Any]],
+                 bases: tuple[Any, Any]) -> dict[str, Any]:
     """The deployment's speed measured on this run's calibration batches (other batch sizes and
     tool waits, run just before), as `experiments/calibrate_deployment.py` measures it, and each
-    validated point predicted at that speed: the predictor judged with the host as it was then.
-    Adds `in_run_predicted_s` and `in_run_error_pct` to every point."""
-    from runtime.profiling_inplace import base_of, deployment_speed
-    from models.config import CONFIG_ROOT
+    validated point predicted at that speed from the base profiles (colocated, P/D): the
+    predictor judged with the host as it was then. Adds `in_run_predicted_s` and
+    `in_run_error_pct` to every point."""
+    from runtime.profiling_inplace import deployment_speed
 
-    profile, pd_profile = load_profiles(spec)
-    bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"))
-    measured, predicted = [], []
-    for i, (b, e) in enumerate(calibration):
-        for r in cal_rows[i * repeats: (i + 1) * repeats]:
-            if r["mode"] != mode:
-                raise SystemExit(f"validate_predictor: {mode}: the runtime ran {r['mode']} {r['ratio']} at calibration B={b}, not a {mode} layout")
-            measured.append(r["rollout_s"])
-            predicted.append(predict(spec, r["ratio"], b, e, bases))
-    speed = deployment_speed(measured, predicted)
+    try:
+        batches = calibration_batches(spec, mode, calibration, repeats, cal_rows, bases)
+        speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
+    except ValueError as e:
+        raise SystemExit(f"validate_predictor: {mode}: {e}") from None
     scale = spec.workload.env_latency_s.expected()
     for p in pts:
         p["in_run_predicted_s"] = round(predict(spec, p["layout"], p["batch"], p["env_s"] / scale if scale else 1.0, bases, speed), 4)
         p["in_run_error_pct"] = round((p["in_run_predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, 2)
     return {"speed": round(speed, 4), "base_profile": bases[0].name if mode == "colocated" else bases[1].name, "calibration_points": calibration,
-            "calibration_ratios": [round(m / q, 4) for m, q in zip(measured, predicted)], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
+            "calibration_ratios": [round(x["measured_s"] / x["predicted_base_s"], 4) for x in batches], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
 
 
 def plot(modes: dict[str, Any], path: Path) -> None:
@@ -273,6 +286,8 @@ def main() -> None:
     if set(modes) - set(POLICY) or args.repeats < 1:
         raise SystemExit(f"validate_predictor: error: --modes from {sorted(POLICY)}, --repeats >= 1")
     profile, pd_profile = load_profiles(spec)
+    # what the in-run judgement scales: the profiles `pearl profile` measured, not a deployment profile's speed on top
+    bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"))
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     result_modes: dict[str, Any] = {}
@@ -285,7 +300,7 @@ def main() -> None:
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
                                   "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}
             if calibration:
-                result_modes[mode]["in_run"] = judge_in_run(spec, mode, calibration, args.repeats, cal_rows, pts)
+                result_modes[mode]["in_run"] = judge_in_run(spec, mode, calibration, args.repeats, cal_rows, pts, bases)
             print(f"[{mode}] mean |error| {result_modes[mode]['mean_abs_error_pct']:.1f}%", file=sys.stderr)
 
     import torch

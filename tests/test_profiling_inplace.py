@@ -94,10 +94,14 @@ def test_the_validation_judges_in_run_at_the_speed_its_calibration_batches_measu
     cal = [(12, 0.5), (24, 0.2)]
     rows = [{"mode": "colocated", "ratio": "2C", "rollout_s": f * vp.predict(spec, "2C", b, e, (bases[0], bases[0]))} for (b, e) in cal for f in (1.1, 1.3)]
     pts = [{"batch": 4, "env_s": spec.workload.env_latency_s.expected() * 0.1, "layout": "2C", "measured_s": 1.0}]
-    out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts)
+    out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts, (bases[0], bases[0]))
     assert out["speed"] == pytest.approx(1.2, rel=1e-3) and out["base_profile"] == "cpu-tiny-runtime-x2"
     assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "2C", 4, 0.1, (bases[0], bases[0]), 1.2), rel=1e-3)
     assert out["mean_abs_error_pct"] == pytest.approx(abs(pts[0]["in_run_error_pct"]), abs=0.01)
+    assert out["calibration_ratios"] == pytest.approx([1.1, 1.3, 1.1, 1.3], rel=1e-3)
+    # a calibration batch that ran another mode's layout is one clear error, not a speed
+    with pytest.raises(SystemExit, match="validate_predictor: colocated: the runtime ran disaggregated 1P1D at calibration B=12"):
+        vp.judge_in_run(spec, "colocated", cal, 2, [{**rows[0], "mode": "disaggregated", "ratio": "1P1D"}] + rows[1:], pts, (bases[0], bases[0]))
 
 
 def test_the_validation_refuses_to_calibrate_on_a_point_it_judges():
