@@ -69,6 +69,9 @@ class Options:
     max_gpus: int | None = None  # at most this many GPUs in rollout (roll's fixed size)
     relax: tuple[str, ...] = ()  # constraint families switched off (infeasibility diagnosis)
     aggregate: bool = True  # fold identical nodes into classes (exact; off only to test that it is)
+    # mixed programs: fold nodes that run the same instances too. A relaxation (a class's price is
+    # at most its nodes'), kept only when its layout splits back at that price (planner/solve.py)
+    fold_running: bool = False
     # price a training-GPU start at lend + return; off where the Eq. 7 gate charges the toggle
     # instead (gated policies), so it is not counted twice
     toggle_in_objective: bool = True

@@ -253,9 +253,10 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
         slots = slots_of(grp.type, cap)
         cu = tuple(cur.get(grp.key, {}).get(s, 0) for s in slots)
         # folding nodes is exact when no instance is current and every TP that fits divides the
-        # node (powers of two then pack node by node, largest first)
-        exact = not any(cu) and all(cap % t == 0 for _, t in slots)
-        key = (grp.pool, grp.type, cap, slots, cu, "" if (exact and options.aggregate) else grp.node)
+        # node (powers of two then pack node by node, largest first); nodes running the same
+        # instances fold only on request (`Options.fold_running`: a relaxation, see splits_at_price)
+        fold = options.aggregate and all(cap % t == 0 for _, t in slots) and (not any(cu) or options.fold_running)
+        key = (grp.pool, grp.type, cap, slots, cu, "" if fold else grp.node)
         classes.setdefault(key, []).append(grp.node)
     groups = []
     for (pool, typ, cap, slots, cu, _), nodes in classes.items():
@@ -634,22 +635,31 @@ def _contradiction(p: MixedProblem, backend: str) -> Solution | None:
 
 
 def split_mixed(g: MixedGroup, v: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
-    """Per-node counts of a class total `v` at the class's transition cost.
+    """Per-node counts of a class total `v` at the class's transition cost (`_split`); a class
+    that cannot host `v` node by node is a bug of the fold (solve paths check `splits_at_price`)."""
+    parts = _split(g, v)
+    if parts is None:
+        raise AssertionError(f"class of {g.mult} nodes cannot host {v}: folding was not exact")
+    return parts
 
-    Survivors stay; a slot's surplus leaves node by node; freed room on a node is refilled
-    first by another role of the same TP (a switch there), then new instances go largest TP
-    first where there is room (powers of two that divide the node pack exactly)."""
+
+def _split(g: MixedGroup, v: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]] | None:
+    """Per-node counts of a class total `v`, None where they do not fit.
+
+    Survivors stay; a slot's surplus leaves the first nodes first (freed room gathers on few
+    nodes, where a larger TP then fits); freed room on a node is refilled first by another role
+    of the same TP (a switch there), then new instances go largest TP first where there is room
+    (powers of two that divide an empty node pack exactly)."""
     n_slots = len(g.slots)
     if all(v[i] == g.total_cur(i) for i in range(n_slots)):
         return [(node, g.cur) for node in g.nodes]
     per = [list(g.cur) for _ in g.nodes]
     for i in range(n_slots):
-        extra, k = g.total_cur(i) - v[i], 0
-        while extra > 0:
-            if per[k % g.mult][i] > 0:
-                per[k % g.mult][i] -= 1
-                extra -= 1
-            k += 1
+        extra = g.total_cur(i) - v[i]
+        for n in range(g.mult):
+            take = min(max(extra, 0), per[n][i])
+            per[n][i] -= take
+            extra -= take
     need = [max(0, v[i] - g.total_cur(i)) for i in range(n_slots)]
     freed = [[g.cur[i] - per[n][i] for i in range(n_slots)] for n in range(g.mult)]
     for n in range(g.mult):
@@ -665,5 +675,22 @@ def split_mixed(g: MixedGroup, v: tuple[int, ...]) -> list[tuple[str, tuple[int,
                 per[n][i] += 1
                 need[i] -= 1
     if any(need):
-        raise AssertionError(f"class of {g.mult} nodes cannot host {v}: folding was not exact")
+        return None
     return [(node, tuple(c)) for node, c in zip(g.nodes, per)]
+
+
+def splits_at_price(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> bool:
+    """Does every class of nodes running instances split layout x back onto its nodes at the
+    price the program charged the class?
+
+    A class's price (`group_transition_ms` on its totals) is at most the sum of its nodes'
+    prices for any split, and its capacity row is weaker than theirs, so a program whose nodes
+    that run the same instances are folded (`Options.fold_running`) is a relaxation: its optimum
+    bounds the true one from below, and is the true one when it splits at the price charged."""
+    for g, v in zip(p.groups, x):
+        if g.mult == 1 or not any(g.cur):
+            continue
+        parts = _split(g, v)
+        if parts is None or sum(group_transition_ms(replace(g, nodes=(node,)), nv) for node, nv in parts) != group_transition_ms(g, v):
+            return False
+    return True

@@ -105,8 +105,14 @@ def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float,
     def run(p: MixedProblem) -> Solution:
         return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed)
 
-    problem = mixed.build_mixed_problem(state, inputs, now_s, options)
+    # nodes that run the same instances folded first (a relaxation: fewer groups, no symmetric
+    # layouts to enumerate); its layout stands when it splits back onto the nodes at the price
+    # it was charged, else the nodes are solved apart (exact either way: mixed.splits_at_price)
+    problem = mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=options.aggregate))
     sol = run(problem)
+    if sol.status in ("optimal", "feasible") and not mixed.splits_at_price(problem, sol.x):
+        problem = mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=False))
+        sol = run(problem)
     if sol.status in ("optimal", "feasible"):
         return problem, sol, mixed_decision_from(problem, sol.x, proof_of(sol), sol.objective_ms)
     if sol.status == "infeasible" and sol.infeasible_family is None:

@@ -5,6 +5,7 @@ its code: no planner function is called below the marked line."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import math
 import random
 
@@ -57,6 +58,24 @@ def random_mixed_state(rng: random.Random, inputs: PlanningInputs) -> ClusterSta
     gpus, workers = random_workers(rng, gpus, 0.6, lambda role: rng.choice([1, 2, 4]))
     trainer = TrainerPhase(rng.choice(["training", "waiting"]), rng.choice([0.0, 1000.0]))
     return ClusterState(tuple(gpus), tuple(workers), trainer, unfinished_fraction=rng.choice([1.0, 1.0, 0.5, 0.1, 0.0]))
+
+
+def random_twin_state(rng: random.Random, inputs: PlanningInputs) -> ClusterState:
+    """Two or three nodes of one type, pool and size that run the same instances (what
+    `Options.fold_running` folds into one class), beside one node drawn as in random_mixed_state."""
+    types = sorted({v.gpu_type for v in inputs.variants})
+    typ, pool, size = rng.choice(types), rng.choice(["rollout", "elastic", "elastic", "training"]), rng.choice([2, 4, 4])
+    first, workers = random_workers(rng, [GPU(f"t0/{i}", "t0", typ, pool) for i in range(size)], 0.8, lambda role: rng.choice([1, 2, 4]))
+    gpus: list[GPU] = []
+    for n in range(2 if size == 4 else rng.choice([2, 3])):  # small enough for the oracle
+        gpus += [replace(g, id=f"t{n}/{i}", node=f"t{n}") for i, g in enumerate(first)]
+    twins = [replace(wk, id=f"{wk.id}@{node}", gpus=tuple(gid.replace("t0/", f"{node}/") for gid in wk.gpus))
+             for node in sorted({g.node for g in gpus}) for wk in workers]
+    other = [GPU(f"o/{i}", "o", rng.choice(types), rng.choice(["rollout", "elastic"]), available=rng.random() > 0.1) for i in range(rng.choice([0, 2]))]
+    other, more = random_workers(rng, other, 0.6, lambda role: rng.choice([1, 2, 4]))
+    more = [replace(wk, id=f"{wk.id}@o") for wk in more]
+    trainer = TrainerPhase("waiting", 1000.0)  # training GPUs lendable, so a training class can run
+    return ClusterState(tuple(gpus + other), tuple(twins + more), trainer, unfinished_fraction=rng.choice([1.0, 0.5]))
 
 
 def _ms(x: float) -> int:

@@ -14,9 +14,10 @@ from models.config import CostWeights
 from planner.backends import BACKENDS
 from planner.inputs import ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.milp import Options
-from planner.mixed import build_mixed_problem, evaluate_mixed, share_units, solve_mixed
+from planner.mixed import build_mixed_problem, evaluate_mixed, share_units, solve_mixed, splits_at_price
+from planner.solve import solve_step
 from planner.state import GPU, ClusterState, TrainerPhase
-from mixed_cases import mixed_oracle, random_mixed_inputs, random_mixed_state
+from mixed_cases import mixed_oracle, random_mixed_inputs, random_mixed_state, random_twin_state
 from planner_cases import assert_matches_oracle
 
 N_CASES = 200
@@ -108,6 +109,38 @@ def test_folding_identical_nodes_is_exact() -> None:
         a = solve_mixed(build_mixed_problem(state, inputs, 0.0), "cbc")
         b = solve_mixed(build_mixed_problem(state, inputs, 0.0, Options(aggregate=False)), "cbc")
         assert (a.status, a.objective_ms) == (b.status, b.objective_ms), i
+
+
+def test_nodes_running_the_same_instances_fold_and_split_back_at_the_price_charged() -> None:
+    """solve_step first folds nodes that run the same instances (`Options.fold_running`, a
+    relaxation) and keeps that layout only where it splits back onto the nodes at the price the
+    class was charged; elsewhere it solves the nodes apart. Either way it equals the oracle, and
+    the relaxation does undercut the truth where a larger TP fits no single node's free room."""
+    rng = random.Random(20261202)
+    folded = fell_back = undercut = 0
+    for i in range(200):
+        inputs = random_mixed_inputs(rng)
+        state = random_twin_state(rng, inputs)
+        loose = build_mixed_problem(state, inputs, 0.0, Options(fold_running=True))
+        if not any(g.mult > 1 and any(g.cur) for g in loose.groups):
+            continue
+        relaxed = solve_mixed(loose, "cbc", time_limit_s=10.0)
+        splits = relaxed.status != "optimal" or splits_at_price(loose, relaxed.x)
+        if splits and folded >= 25:
+            continue  # the oracle is the slow part: 25 folded cases, and every one that falls back
+        want = mixed_oracle(state, inputs)
+        problem, sol, _ = solve_step(state, inputs, 0.0, backend="cbc")
+        assert_matches_oracle(i, "cbc", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
+        if relaxed.status == "optimal":
+            assert relaxed.objective_ms <= want, i
+        if splits:
+            folded += 1
+            assert relaxed.status != "optimal" or relaxed.objective_ms == want, i
+        else:
+            fell_back += 1
+            undercut += relaxed.objective_ms < want
+            assert any(g.mult == 1 and any(g.cur) for g in problem.groups), i  # solved apart
+    assert folded >= 25 and fell_back >= 3 and undercut >= 1, (folded, fell_back, undercut)
 
 
 def test_options_bind_like_the_oracle() -> None:
