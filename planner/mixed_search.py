@@ -22,13 +22,15 @@ box's points all have thresholds at most that corner's, so they cost at least it
      scaled row per role) and cut off at what could still beat the incumbent anywhere in the
      box: infeasible, the box goes; its layout is priced by the definition
      (`mixed.evaluate_mixed`) and may become the incumbent;
-  3. else the box splits on its widest side (the lower half inherits the cost as a bound); a
+  3. else the box splits on its widest side (both halves inherit the cost as a floor); a
      single candidate gets the exact program (units floor(S N / k)) if the relaxed layout
-     misses the floors.
+     misses the floors. What is known per corner (`Corner`: an exact cost, or only a bound)
+     is kept across boxes that share it; a single candidate ends only with an exact cost.
 The search ends when the best remaining bound is no better than the incumbent. Exact: a
 layout's objective is at most T + sum Q + its transition cost at any candidate it covers, and
 the optimum covers its own (T*, Q*); every pruned box holds only candidates whose bound is no
-better than a layout already found. A decision is proven optimal when every program solved
+better than a layout already found, and a candidate left unpruned has had its exact program,
+whose layout (priced, at most that candidate's bound) the incumbent already matches. A decision is proven optimal when every program solved
 was proven (optimal or infeasible) and the time limit did not cut the search.
 """
 
@@ -305,6 +307,22 @@ def _modes(p: MixedProblem) -> list[str]:
     return out
 
 
+@dataclass
+class Corner:
+    """What the search knows of one corner's (mode, k-vector) transition cost: `known`, its exact
+    value (a layout that pays it was priced); `lower`, a bound (the fractional one, raised by the
+    relaxed program's optimum once `relaxed`); `tried`, the largest budget nothing fits within."""
+
+    lower: float
+    known: float | None = None
+    tried: float = -math.inf
+    relaxed: bool = False
+
+    @property
+    def cost(self) -> float:
+        return self.known if self.known is not None else self.lower
+
+
 def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
     """The exact optimum of `p` by threshold search (module docstring); `Solution.x` as `mixed.solve_mixed`'s."""
     t0 = time.perf_counter()
@@ -315,82 +333,81 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         v = evaluate_mixed(p, x)
         if v is not None and v < inc:
             best_x, inc = x, v
-    heap: list = []  # (bound, tie, space, lo, hi, cost at hi or None when not yet bounded, a cost floor)
+    heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
     for mode in _modes(p):
         sp = _space(p, mode, inc - p.constant_ms)
         if sp is not None:
             lo, hi = (0,) * (1 + len(sp.roles)), (sp.ts.size - 1, *(q.size - 1 for q in sp.qs))
-            heapq.heappush(heap, (sp.value(lo) + p.constant_ms, tie, sp, lo, hi, None, 0.0))
+            heapq.heappush(heap, (sp.value(lo) + p.constant_ms, tie, sp, lo, hi, 0.0))
             tie += 1
     gp = GroupPrices.of(p)
-    solved: dict = {}  # (mode, k-vector) -> (its exact transition cost or None, the largest budget tried)
+    corners: dict = {}  # (mode, k-vector) -> Corner: what is known about its transition cost
     proven, cut = True, math.inf
     while heap:
-        bound, _, sp, lo, hi, cost, floor = heapq.heappop(heap)
+        bound, _, sp, lo, hi, floor = heapq.heappop(heap)
         if bound >= inc:
             break
         if time.perf_counter() >= deadline:
             proven, cut = False, bound
             break
+        # bound the block by its loosest corner: every point of it costs at least that
         kvec = sp.kvec(hi)
-        if cost is None:  # bound the block by its loosest corner: every point of it costs at least that
-            cost = max(_lp_bound(gp, kvec), floor)
-            bound = sp.value(lo) + cost + p.constant_ms
-            if bound >= inc:
-                continue
-            # then solve the corner's layout program, cut off at what could still beat the incumbent
-            # anywhere in the block: infeasible, the block goes; else its optimum bounds the block
-            key = (sp.mode, tuple(tuple(v.items()) for v in kvec.values()))
-            budget = int(inc) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
-            known, tried = solved.get(key, (None, -math.inf))
-            size = math.prod(h - l + 1 for l, h in zip(lo, hi))
-            if known is None and tried < budget and size <= MILP_BOX:
-                # the relaxed program first (`_inner_model`, exact=False); the exact one only where
-                # its layout misses the floors and the block is one candidate
-                for exact in (False, True):
-                    lm = _inner_model(p, sp.roles, kvec, exact)
-                    if math.isfinite(budget) and not lm.obj and budget < 0:
-                        tried = max(tried, budget)  # nothing costs anything here, and the budget is below zero
-                        break
-                    if math.isfinite(budget) and lm.obj:
-                        lm.row([(v, c) for v, c in lm.obj.items()], -INF, budget)
-                    raw = solve_model(lm, backend, max(deadline - time.perf_counter(), 0.01), workers, seed)
-                    x = None
-                    if raw.values is not None:
-                        x = tuple(tuple(int(round(raw.values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
-                        v = evaluate_mixed(p, x)
-                        if v is not None and v < inc:
-                            best_x, inc = x, v
-                    if raw.status not in ("optimal", "infeasible"):
-                        proven = False
-                        break
-                    if raw.status == "infeasible":
-                        tried = max(tried, budget)
-                        break
-                    if exact or _covers(p, x, kvec):
-                        known = raw.objective - p.constant_ms
-                        break
-                    cost = max(cost, raw.objective - p.constant_ms)  # a bound, not the corner's cost
-                    if lo != hi:
-                        break
-                solved[key] = (known, tried)
-            if known is not None:
-                cost = max(cost, known)
-            elif tried >= budget:
-                continue  # nothing within the budget covers even the loosest corner
-            bound = sp.value(lo) + cost + p.constant_ms
-            if bound >= inc or lo == hi:
-                continue
-        if lo == hi:
+        key = (sp.mode, tuple(tuple(v.items()) for v in kvec.values()))
+        c = corners.get(key)
+        if c is None:
+            c = corners[key] = Corner(lower=_lp_bound(gp, kvec))
+        cost = max(floor, c.cost)
+        if sp.value(lo) + cost + p.constant_ms >= inc:
             continue
-        # split the widest side; the lower half inherits the bound (its corner is tighter)
+        # then solve the corner's layout program, cut off at what could still beat the incumbent
+        # anywhere in the block: infeasible, the block goes; else its optimum bounds the block.
+        # A single candidate is settled only by an exact cost: a bound alone never ends it
+        budget = int(inc) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
+        size = math.prod(h - l + 1 for l, h in zip(lo, hi))
+        if c.known is None and c.tried < budget and size <= MILP_BOX and (lo == hi or not c.relaxed):
+            # the relaxed program first (`_inner_model`, exact=False); the exact one only where
+            # its layout misses the floors and the block is one candidate
+            for exact in ((True,) if c.relaxed else (False, True)):
+                lm = _inner_model(p, sp.roles, kvec, exact)
+                if math.isfinite(budget) and not lm.obj and budget < 0:
+                    c.tried = max(c.tried, budget)  # nothing costs anything here, and the budget is below zero
+                    break
+                if math.isfinite(budget) and lm.obj:
+                    lm.row([(v, w) for v, w in lm.obj.items()], -INF, budget)
+                raw = solve_model(lm, backend, max(deadline - time.perf_counter(), 0.01), workers, seed)
+                x = None
+                if raw.values is not None:
+                    x = tuple(tuple(int(round(raw.values[v])) if v is not None else 0 for v in xs) for xs in lm.x)
+                    v = evaluate_mixed(p, x)
+                    if v is not None and v < inc:
+                        best_x, inc = x, v
+                if raw.status not in ("optimal", "infeasible"):
+                    proven = False
+                    break
+                if raw.status == "infeasible":
+                    c.tried = max(c.tried, budget)
+                    break
+                if exact or _covers(p, x, kvec):
+                    c.known = raw.objective - p.constant_ms
+                    break
+                # the relaxed optimum (the budget row does not cut it: it is within the budget) bounds the corner
+                c.relaxed, c.lower = True, max(c.lower, raw.objective - p.constant_ms)
+                if lo != hi:
+                    break
+        cost = max(floor, c.cost)
+        if c.known is None and c.tried >= budget:
+            continue  # nothing within the budget covers even the loosest corner
+        if sp.value(lo) + cost + p.constant_ms >= inc or lo == hi:
+            continue  # a single candidate here has its exact cost, and the incumbent its layout (or better)
+        # split the widest side; both halves inherit the cost as a floor (their loosest corners
+        # are this one or tighter), and each settles its own corner when popped
         d = max(range(len(lo)), key=lambda d: _span(sp, d, lo, hi))
         mid = (lo[d] + hi[d]) // 2
         lo_hi = hi[:d] + (mid,) + hi[d + 1 :]
         up_lo = lo[:d] + (mid + 1,) + lo[d + 1 :]
-        heapq.heappush(heap, (sp.value(lo) + cost + p.constant_ms, tie, sp, lo, lo_hi, None, cost))
-        heapq.heappush(heap, (sp.value(up_lo) + cost + p.constant_ms, tie + 1, sp, up_lo, hi, cost, cost))
+        heapq.heappush(heap, (sp.value(lo) + cost + p.constant_ms, tie, sp, lo, lo_hi, cost))
+        heapq.heappush(heap, (sp.value(up_lo) + cost + p.constant_ms, tie + 1, sp, up_lo, hi, cost))
         tie += 2
     ms = (time.perf_counter() - t0) * 1000.0
     if best_x is None:

@@ -56,6 +56,22 @@ def test_threshold_search_equals_the_one_hot_program() -> None:
             assert evaluate_mixed(problem, a.x) == a.objective_ms, i
 
 
+@pytest.mark.parametrize("box", [1, 4])
+def test_search_is_exact_whichever_blocks_get_a_corner_program(box: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MILP_BOX only decides which blocks get their corner's program (the rest are bounded
+    fractionally); the optimum must not depend on it. A block whose corner cost is only a bound
+    must still have its single candidates settled by an exact program (it once was not: a
+    candidate inherited its parent's bound, was never solved, and the search called a worse
+    layout optimal)."""
+    from planner import mixed_search
+
+    monkeypatch.setattr(mixed_search, "MILP_BOX", box)
+    for i, (state, inputs, want) in enumerate(cases()[:100]):
+        problem = build_mixed_problem(state, inputs, 0.0)
+        sol = solve_mixed(problem, "cbc", time_limit_s=10.0)
+        assert_matches_oracle(i, f"cbc, MILP_BOX {box}", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
+
+
 def test_search_bounds_never_exceed_the_exact_corner_cost() -> None:
     """The search prunes on `_lp_bound` and on the relaxed corner program: both must stay at or
     below the exact covering program's optimum at every candidate thresholds tried here."""
