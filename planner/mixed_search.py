@@ -50,8 +50,11 @@ from planner.mixed import KindTable, MixedProblem, add_group, completion_ms, eva
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
 # Measured on 8 decisions of the 256-GPU bench walk (2026-12-01, load ~3.8): 57 s in all with a
-# program at every box, 17 s with this limit; on 8 at 4096 GPUs about even (the fresh first one slower)
-MILP_BOX = 64
+# program at every box, 17 s with this limit; on 8 at 4096 GPUs about even (the fresh first one slower).
+# Re-measured once corners kept what they know (2026-12-02, the same 8 + 8 problems replayed, two
+# runs each, ms in all at 256 / 4096 GPUs): 8: 3479-4029 / 2173-2465; 16: 2659-3171 / 1806-1827;
+# 32: 3140-3242 / 2038-2436; 64: 2672-2946 / 2358-2369; 256: 3987 / 3280
+MILP_BOX = 16
 MODE_ROLES = {"colocated": (0,), "disaggregated": (1, 2)}
 
 
