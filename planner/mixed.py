@@ -494,14 +494,14 @@ def add_group(lm: LinearModel, gi: int, g: MixedGroup, ubs: list[int], prune: bo
     """Group gi's instances per slot, x[gi, slot] <= ubs[slot], with their transition costs:
     starts on a fresh group; else starts / stops (`LinearModel.flow`) and, inside one TP, the
     switch saving u <= starts, u <= stops. The group's GPU capacity row. `prune` leaves out
-    the slots of a fresh group that may hold nothing (None in the returned list)."""
+    the slots that may hold nothing and hold nothing now (None in the returned list)."""
     xs: list[int | None] = []
     cap_terms = []
     ds: dict[int, int] = {}
     ss: dict[int, int] = {}
     fresh = not any(g.cur)
     for i, (r, t) in enumerate(g.slots):
-        if prune and fresh and ubs[i] == 0:
+        if prune and ubs[i] == 0 and g.cur[i] == 0:
             xs.append(None)
             continue
         v = lm.var(f"x[{gi},{r},{t}]", 0, ubs[i])
@@ -515,9 +515,11 @@ def add_group(lm: LinearModel, gi: int, g: MixedGroup, ubs: list[int], prune: bo
         lm.row(cap_terms, -INF, g.total_cap)
     if not fresh:
         for t in sorted({t for _, t in g.slots}):
-            idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t]
+            idx = [i for i, (_, tt) in enumerate(g.slots) if tt == t and i in ds]
+            if len(idx) < 2 or not any(g.cur[i] for i in idx):
+                continue
             save = max(0, g.start_ms[idx[0]] + g.stop_ms[idx[0]] - g.switch_ms[idx[0]])
-            if len(idx) < 2 or save <= 0 or not any(g.cur[i] for i in idx):
+            if save <= 0:
                 continue
             u = lm.var(f"u[{gi},{t}]", 0, sum(g.total_cur(i) for i in idx))
             lm.row([(u, 1)] + [(ds[i], -1) for i in idx], -INF, 0)

@@ -276,7 +276,10 @@ def _inner_model(p: MixedProblem, roles: tuple[int, ...], kvec: dict[int, dict],
     role_terms: list[list[tuple[int, int]]] = [[], [], []]
     gpu_terms: list[tuple[int, int]] = []
     for gi, g in enumerate(p.groups):
-        xs = add_group(lm, gi, g, [g.ub(i) if r in roles else 0 for i, (r, _) in enumerate(g.slots)], prune=True)
+        # a kind that meets no entry at these thresholds carries nothing: its instances may stay, never start
+        ubs = [(g.ub(i) if kvec[r].get((g.gpu_type, t), 0) > 0 else min(g.ub(i), g.total_cur(i))) if r in roles else 0
+               for i, (r, t) in enumerate(g.slots)]
+        xs = add_group(lm, gi, g, ubs, prune=True)
         for (r, t), v in zip(g.slots, xs):
             if v is not None and r in roles:
                 kind_terms[r].setdefault((g.gpu_type, t), []).append(v)
