@@ -30,8 +30,9 @@ The search ends when the best remaining bound is no better than the incumbent. E
 layout's objective is at most T + sum Q + its transition cost at any candidate it covers, and
 the optimum covers its own (T*, Q*); every pruned box holds only candidates whose bound is no
 better than a layout already found, and a candidate left unpruned has had its exact program,
-whose layout (priced, at most that candidate's bound) the incumbent already matches. A decision is proven optimal when every program solved
-was proven (optimal or infeasible) and the time limit did not cut the search.
+whose layout (priced, at most that candidate's bound) the incumbent already matches. A
+decision is proven optimal when every program solved was proven (optimal or infeasible) and
+the time limit did not cut the search.
 """
 
 from __future__ import annotations
