@@ -147,14 +147,14 @@ def test_nodes_running_the_same_instances_fold_and_split_back_at_the_price_charg
         want = mixed_oracle(state, inputs)
         problem, sol, _ = solve_step(state, inputs, 0.0, backend="cbc")
         assert_matches_oracle(i, "cbc", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
-        if relaxed.status == "optimal":
+        if relaxed.status == "optimal" and want is not None:  # (a relaxation may be feasible where the nodes are not)
             assert relaxed.objective_ms <= want, i
         if splits:
             folded += 1
             assert relaxed.status != "optimal" or relaxed.objective_ms == want, i
         else:
             fell_back += 1
-            undercut += relaxed.objective_ms < want
+            undercut += want is None or relaxed.objective_ms < want
             assert any(g.mult == 1 and any(g.cur) for g in problem.groups), i  # solved apart
     assert folded >= 25 and fell_back >= 3 and undercut >= 1, (folded, fell_back, undercut)
 
