@@ -25,7 +25,9 @@ box's points all have thresholds at most that corner's, so they cost at least it
   3. else the box splits on its widest side (both halves inherit the cost as a floor); a
      single candidate gets the exact program (units floor(S N / k)) if the relaxed layout
      misses the floors. What is known per corner (`Corner`: an exact cost, or only a bound)
-     is kept across boxes that share it; a single candidate ends only with an exact cost.
+     is kept across boxes that share it, and lent as a floor to every corner that needs at
+     least as many instances of every kind (`Looser`); a single candidate ends only with an
+     exact cost.
 The search ends when the best remaining bound is no better than the incumbent. Exact: a
 layout's objective is at most T + sum Q + its transition cost at any candidate it covers, and
 the optimum covers its own (T*, Q*); every pruned box holds only candidates whose bound is no
@@ -321,6 +323,7 @@ class Corner:
     relaxed program's optimum once `relaxed`); `tried`, the largest budget nothing fits within."""
 
     lower: float
+    at: int  # its row in the mode's `Looser`
     known: float | None = None
     tried: float = -math.inf
     relaxed: bool = False
@@ -328,6 +331,44 @@ class Corner:
     @property
     def cost(self) -> float:
         return self.known if self.known is not None else self.lower
+
+    @property
+    def floor(self) -> float:
+        """The least its cost can be: costs are whole ms, so past a budget tried means at least one more."""
+        return max(self.cost, self.tried + 1 if math.isfinite(self.tried) else 0.0)
+
+
+class Looser:
+    """One mode's corners, each as its k-vector (a kind that meets no entry: needs infinitely many).
+
+    Why: a corner that needs at least as many instances of every kind as another can only cost
+    as much or more (every layout that covers it covers the other: units floor(S N / k) and the
+    relaxed row's ceil(SHARE / k) both fall as k grows, and a kind with no entry may start
+    nothing). So whatever bounds the looser corner's cost (its bound, its exact cost, or a
+    budget nothing fits within) bounds every corner that dominates it, wherever it lies in the
+    grid; the split alone passes a bound only from a block to its own halves."""
+
+    def __init__(self) -> None:
+        self.vecs = np.zeros((0, 0))  # per corner, rows past `n` unused (grown by doubling)
+        self.floors = np.zeros(0)  # per corner, the least its cost can be (`Corner.floor`)
+        self.n = 0
+
+    def add(self, kvec: dict[int, dict]) -> int:
+        k = np.array([k for ks in kvec.values() for k in ks.values()], dtype=float)
+        if self.n == self.floors.size:
+            grow = max(self.n, 16)
+            self.vecs = np.concatenate([self.vecs.reshape(-1, k.size), np.zeros((grow, k.size))])
+            self.floors = np.concatenate([self.floors, np.zeros(grow)])
+        self.vecs[self.n] = np.where(k > 0, k, math.inf)
+        self.n += 1
+        return self.n - 1
+
+    def floor(self, i: int) -> float:
+        """The best lower bound on corner i's cost that corners no tighter than it give (0: none)."""
+        if self.n < 2:
+            return 0.0
+        below = np.all(self.vecs[: self.n] <= self.vecs[i], axis=1)
+        return float(self.floors[: self.n][below].max())
 
 
 def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
@@ -350,6 +391,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
             tie += 1
     gp = GroupPrices.of(p)
     corners: dict = {}  # (mode, k-vector) -> Corner: what is known about its transition cost
+    looser = {mode: Looser() for mode in _modes(p)}  # what corners needing fewer instances teach the others
     proven, cut = True, math.inf
     while heap:
         bound, _, sp, lo, hi, floor = heapq.heappop(heap)
@@ -363,7 +405,9 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         key = (sp.mode, tuple(tuple(v.items()) for v in kvec.values()))
         c = corners.get(key)
         if c is None:
-            c = corners[key] = Corner(lower=_lp_bound(gp, kvec))
+            c = corners[key] = Corner(lower=_lp_bound(gp, kvec), at=looser[sp.mode].add(kvec))
+            looser[sp.mode].floors[c.at] = c.floor
+        floor = max(floor, looser[sp.mode].floor(c.at))
         cost = max(floor, c.cost)
         if sp.value(lo) + cost + p.constant_ms >= inc:
             continue
@@ -402,6 +446,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
                 c.relaxed, c.lower = True, max(c.lower, raw.objective - p.constant_ms)
                 if lo != hi:
                     break
+        looser[sp.mode].floors[c.at] = c.floor
         cost = max(floor, c.cost)
         if c.known is None and c.tried >= budget:
             continue  # nothing within the budget covers even the loosest corner
