@@ -37,7 +37,8 @@ COUNT_TRACE = REPO_ROOT / "data/traces/bamboo/trace--full-64-node-trace/full-64-
 EVENTS_TRACE = REPO_ROOT / "data/traces/bamboo/events/g4dn-trace.csv"
 SKY_TRACE = REPO_ROOT / "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json"
 CASE_SECONDS = 15  # a refused input answers in ~0.1 s, a 3-minute plan in ~0.2 s; a hang or a runaway allocation takes far longer
-BEFORE_WORK_SECONDS = 5  # the runs refused for an output path would take 10-60 s if they computed first
+BEFORE_WORK_SECONDS = 8  # the runs refused for an output path would take 10-60 s if they computed first (alone; more beside
+# the other xdist worker, where a refusal that imports matplotlib once took 5.2 s on 2026-12-02)
 
 
 def pearl(*args: str) -> Outcome:
