@@ -37,8 +37,10 @@ COUNT_TRACE = REPO_ROOT / "data/traces/bamboo/trace--full-64-node-trace/full-64-
 EVENTS_TRACE = REPO_ROOT / "data/traces/bamboo/events/g4dn-trace.csv"
 SKY_TRACE = REPO_ROOT / "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json"
 CASE_SECONDS = 15  # a refused input answers in ~0.1 s, a 3-minute plan in ~0.2 s; a hang or a runaway allocation takes far longer
-BEFORE_WORK_SECONDS = 8  # the runs refused for an output path would take 10-60 s if they computed first (alone; more beside
-# the other xdist worker, where a refusal that imports matplotlib once took 5.2 s on 2026-12-02)
+# the runs refused for an output path would take 16-60 s if they computed first (alone; more beside the other xdist
+# worker, where a refusal that imports matplotlib once took 5.2 s on 2026-12-02); `pearl plan` computes in ~2 s,
+# so its work is replaced by a trap instead (test_bad_output_path_fails_before_the_work)
+BEFORE_WORK_SECONDS = 8
 
 
 def pearl(*args: str) -> Outcome:
@@ -185,7 +187,13 @@ def output_cases(tmp: Path) -> list[tuple[list[str], str, str]]:
     ]
 
 
-def test_bad_output_path_fails_before_the_work(tmp_path: Path) -> None:
+def test_bad_output_path_fails_before_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.offline_plan
+
+    def planned(*args, **kwargs):
+        raise AssertionError("pearl plan planned before it checked --out")
+
+    monkeypatch.setattr(runtime.offline_plan, "plan_over_trace", planned)  # too quick (~2 s) for the clock to tell
     for argv, flag, allowed in output_cases(tmp_path):
         out = pearl(*argv)
         m = one_error(out)
