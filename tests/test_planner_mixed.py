@@ -4,6 +4,7 @@ brute-force oracle of tests/mixed_cases.py, and a layout that needs two TP degre
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import cache
 
@@ -32,6 +33,26 @@ def cases() -> tuple:
         state = random_mixed_state(rng, inputs)
         out.append((state, inputs, mixed_oracle(state, inputs)))
     return tuple(out)
+
+
+def spaces(some: tuple) -> Iterator[tuple]:
+    """Per case and serving mode: the problem, its GroupPrices and the mode's threshold grid."""
+    import math
+
+    from planner.mixed_search import GroupPrices, _modes, _space
+
+    for state, inputs, _ in some:
+        problem = build_mixed_problem(state, inputs, 0.0)
+        prices = GroupPrices.of(problem)
+        for mode in _modes(problem):
+            space = _space(problem, mode, math.inf)
+            if space is not None:
+                yield problem, prices, space
+
+
+def corner(space, rng: random.Random) -> tuple[int, ...]:
+    """A random point of the grid: a T index, then one Q index per serving role."""
+    return (rng.randrange(space.ts.size), *(rng.randrange(q.size) for q in space.qs))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -75,32 +96,23 @@ def test_search_is_exact_whichever_blocks_get_a_corner_program(box: int, monkeyp
 def test_search_bounds_never_exceed_the_exact_corner_cost() -> None:
     """The search prunes on `_lp_bound` and on the relaxed corner program: both must stay at or
     below the exact covering program's optimum at every candidate thresholds tried here."""
-    import math
-
     from planner.backends import solve_model
-    from planner.mixed_search import GroupPrices, _inner_model, _lp_bound, _modes, _space
+    from planner.mixed_search import _inner_model, _lp_bound
 
     rng = random.Random(3)
     checked = 0
-    for state, inputs, _ in cases()[:80]:
-        problem = build_mixed_problem(state, inputs, 0.0)
-        prices = GroupPrices.of(problem)
-        for mode in _modes(problem):
-            space = _space(problem, mode, math.inf)
-            if space is None:
-                continue
-            for _ in range(3):
-                at = (rng.randrange(space.ts.size), *(rng.randrange(q.size) for q in space.qs))
-                kvec = space.kvec(at)
-                exact = solve_model(_inner_model(problem, space.roles, kvec), "cbc", 10.0)
-                relaxed = solve_model(_inner_model(problem, space.roles, kvec, exact=False), "cbc", 10.0)
-                bound = _lp_bound(prices, kvec)
-                if exact.status == "infeasible":
-                    continue  # a relaxation may still be feasible: nothing to compare
-                assert exact.status == "optimal", exact.status
-                cost = exact.objective - problem.constant_ms
-                assert bound <= cost + 1e-6 and relaxed.objective <= exact.objective, (bound, relaxed.objective, exact.objective)
-                checked += 1
+    for problem, prices, space in spaces(cases()[:80]):
+        for _ in range(3):
+            kvec = space.kvec(corner(space, rng))
+            exact = solve_model(_inner_model(problem, space.roles, kvec), "cbc", 10.0)
+            relaxed = solve_model(_inner_model(problem, space.roles, kvec, exact=False), "cbc", 10.0)
+            bound = _lp_bound(prices, kvec)
+            if exact.status == "infeasible":
+                continue  # a relaxation may still be feasible: nothing to compare
+            assert exact.status == "optimal", exact.status
+            cost = exact.objective - problem.constant_ms
+            assert bound <= cost + 1e-6 and relaxed.objective <= exact.objective, (bound, relaxed.objective, exact.objective)
+            checked += 1
     assert checked >= 100, checked
 
 
@@ -293,7 +305,7 @@ def test_a_corner_needing_more_of_every_kind_costs_no_less() -> None:
     import math
 
     from planner.backends import solve_model
-    from planner.mixed_search import Looser, _inner_model, _modes, _space
+    from planner.mixed_search import Looser, _inner_model
 
     def cost(problem, roles, kvec) -> float:
         raw = solve_model(_inner_model(problem, roles, kvec), "cbc", 10.0)
@@ -302,21 +314,16 @@ def test_a_corner_needing_more_of_every_kind_costs_no_less() -> None:
 
     rng = random.Random(5)
     pairs = apart = 0
-    for state, inputs, _ in cases():
-        problem = build_mixed_problem(state, inputs, 0.0)
-        for mode in _modes(problem):
-            space = _space(problem, mode, math.inf)
-            if space is None:
+    for problem, _, space in spaces(cases()):
+        for _ in range(12):
+            a, b = corner(space, rng), corner(space, rng)
+            book = Looser()
+            ia, ib = book.add(space.kvec(a)), book.add(space.kvec(b))
+            if not np.all(book.vecs[ia] <= book.vecs[ib]) or np.array_equal(book.vecs[ia], book.vecs[ib]):
                 continue
-            for _ in range(12):
-                a, b = ((rng.randrange(space.ts.size), *(rng.randrange(q.size) for q in space.qs)) for _ in range(2))
-                book = Looser()
-                ia, ib = book.add(space.kvec(a)), book.add(space.kvec(b))
-                if not np.all(book.vecs[ia] <= book.vecs[ib]) or np.array_equal(book.vecs[ia], book.vecs[ib]):
-                    continue
-                assert cost(problem, space.roles, space.kvec(a)) <= cost(problem, space.roles, space.kvec(b)), (mode, a, b)
-                pairs += 1
-                apart += any(x < y for x, y in zip(a, b))  # b is not simply a tighter corner than a in the grid
+            assert cost(problem, space.roles, space.kvec(a)) <= cost(problem, space.roles, space.kvec(b)), (space.mode, a, b)
+            pairs += 1
+            apart += any(x < y for x, y in zip(a, b))  # b is not simply a tighter corner than a in the grid
     assert pairs >= 200 and apart >= 8, (pairs, apart)  # 299 and 12 when written
 
 
@@ -330,7 +337,7 @@ def test_the_fractional_bound_is_the_relaxations_optimum() -> None:
 
     from ortools.linear_solver import pywraplp
 
-    from planner.mixed_search import GroupPrices, _lp_bound, _modes, _space
+    from planner.mixed_search import _lp_bound
 
     def relaxation(problem, roles, kvec) -> float:
         lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -353,17 +360,11 @@ def test_the_fractional_bound_is_the_relaxations_optimum() -> None:
 
     rng = random.Random(11)
     checked = kept = 0
-    for state, inputs, _ in cases():
-        problem = build_mixed_problem(state, inputs, 0.0)
-        prices = GroupPrices.of(problem)
-        for mode in _modes(problem):
-            space = _space(problem, mode, math.inf)
-            if space is None:
-                continue
-            for _ in range(40):
-                kvec = space.kvec((rng.randrange(space.ts.size), *(rng.randrange(q.size) for q in space.qs)))
-                want, got = relaxation(problem, space.roles, kvec), _lp_bound(prices, kvec)
-                assert (math.isinf(want) and math.isinf(got)) or abs(got - want) <= 1e-6 * max(1.0, want), (mode, kvec, got, want)
-                checked += 1
-                kept += bool(prices.slot_occ.any())  # current instances: kept GPUs in the dual
+    for problem, prices, space in spaces(cases()):
+        for _ in range(40):
+            kvec = space.kvec(corner(space, rng))
+            want, got = relaxation(problem, space.roles, kvec), _lp_bound(prices, kvec)
+            assert (math.isinf(want) and math.isinf(got)) or abs(got - want) <= 1e-6 * max(1.0, want), (space.mode, kvec, got, want)
+            checked += 1
+            kept += bool(prices.slot_occ.any())  # current instances: kept GPUs in the dual
     assert checked >= 6000 and kept >= 2000, (checked, kept)  # 7000 and 2760 when written
