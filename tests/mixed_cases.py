@@ -5,9 +5,9 @@ its code: no planner function is called below the marked line."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 

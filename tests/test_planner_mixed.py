@@ -3,6 +3,7 @@ brute-force oracle of tests/mixed_cases.py, and a layout that needs two TP degre
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import replace
@@ -37,8 +38,6 @@ def cases() -> tuple:
 
 def spaces(some: tuple) -> Iterator[tuple]:
     """Per case and serving mode: the problem, its GroupPrices and the mode's threshold grid."""
-    import math
-
     from planner.mixed_search import GroupPrices, _modes, _space
 
     for state, inputs, _ in some:
@@ -302,8 +301,6 @@ def test_a_corner_needing_more_of_every_kind_costs_no_less() -> None:
     """The search lends a corner's bounds to every corner that needs at least as many instances
     of every kind (`mixed_search.Looser`): that is sound only if such a corner's exact covering
     program costs no less, whichever corner it is in the grid. Checked on random corner pairs."""
-    import math
-
     from planner.backends import solve_model
     from planner.mixed_search import Looser, _inner_model
 
@@ -333,8 +330,6 @@ def test_the_fractional_bound_is_the_relaxations_optimum() -> None:
     (no longer a bound) nor below it (a vertex missed: the search would solve programs the bound
     could have spared). 40 corners per case: with fewer, leaving out the crossings of two tie
     lines, or where a started slot overtakes a kept one, went unnoticed."""
-    import math
-
     from ortools.linear_solver import pywraplp
 
     from planner.mixed_search import _lp_bound
