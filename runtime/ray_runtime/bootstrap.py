@@ -38,7 +38,7 @@ class Bootstrap:
     def _ray_init(self) -> None:
         import ray
 
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
+        env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
         if ray.is_initialized():
             return
         if self.address and self.address != "auto":
@@ -156,7 +156,7 @@ class Bootstrap:
     def _engine_settings(self) -> EngineSettings:
         rt = self.rt
         assert self.model_path is not None
-        return EngineSettings(self.model_path, rt.dtype, rt.max_model_len, rt.block_size, kv_connector=rt.kv_connector, kv_store=self.kv_store, kv_buffer_device=rt.kv_buffer_device, seed=self.spec.seed)
+        return EngineSettings(self.model_path, rt.dtype, rt.max_model_len, rt.block_size, kv_connector=rt.kv_connector, kv_store=self.kv_store, kv_buffer_device=rt.kv_buffer_device, seed=self.spec.seed, cpu_kv_cache_mib=rt.cpu_kv_cache_mib)
 
     async def shutdown(self) -> None:
         import ray

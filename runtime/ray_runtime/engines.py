@@ -99,7 +99,6 @@ class VLLMEngine:
     async def start(self) -> dict[str, Any]:
         if not os.path.exists(os.path.join(self.settings.model, "config.json")):
             raise EngineStartError(f"model path {self.settings.model!r} has no config.json")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if self.role != "colocated" and self.settings.kv_connector == "ExampleConnector":

