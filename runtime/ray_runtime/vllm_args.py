@@ -94,9 +94,12 @@ def cpu_kv_cache_bytes(settings: EngineSettings) -> int | None:
 
 
 def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
-    """K and V of every layer for one token, from the model's config.json (None: not a plain
-    decoder config this can read)."""
+    """K and V of every layer for one token: `models.architecture.kv_bytes_per_token`'s
+    formula, read from the config.json the engine loads (a model path need not be one of
+    configs/llms.yaml's); None where it is not a plain decoder config this can read."""
     import json
+
+    import torch
 
     try:
         with open(os.path.join(model_dir, "config.json")) as f:
@@ -107,8 +110,8 @@ def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
         layers = int(cfg["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    width = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}.get(dtype, 4)
-    return 2 * layers * kv_heads * head_dim * width
+    width = getattr(torch, dtype, None)  # vLLM's names are torch's; "auto" and others: float32, the widest it runs on CPU
+    return 2 * layers * kv_heads * head_dim * (width.itemsize if isinstance(width, torch.dtype) else 4)
 
 
 def executor_backend(tp: int) -> Any:
