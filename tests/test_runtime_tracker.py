@@ -55,8 +55,14 @@ def test_later_steps_move_the_speed_by_an_ema_of_the_exact_speeds() -> None:
 
 
 def test_a_layout_that_cannot_be_predicted_again_takes_the_ratio() -> None:
-    """No label to predict it again (a mixed cluster's kinds), or a re-prediction that misses
-    the step's own (the models moved in between): the speed in use x measured / predicted."""
+    """A mixed cluster (its layouts mix kinds the one predictor does not hold), a label that
+    names no layout, or a re-prediction that misses the step's own (the models moved in
+    between): the speed in use x measured / predicted."""
+    spec = load_experiment(CONFIG_ROOT / "experiments/train-mixed-emulated.yaml")
+    t = RuntimeTracker(spec, load_profile(profile_path(spec)))
+    p0 = t.models().predictor.colocated(2).completion_s
+    t.observe(_step(t, p0, p0 * 1.8))
+    assert t.speed == pytest.approx(1.8)
     t = _tracker()
     p0 = _colocated_s(t)
     t.observe(replace(_step(t, p0, p0 * 1.8), ratio="H20 2C@TP4"))

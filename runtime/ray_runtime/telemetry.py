@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from models.builder import ExperimentModels, build_models
+from models.builder import ExperimentModels, build_models, is_mixed
 from models.config import Distribution, ExperimentSpec
 from models.step_latency import EngineProfile
 
@@ -104,8 +104,10 @@ class RuntimeTracker:
     history: list[StepTelemetry] = field(default_factory=list)
     transition_s: dict[str, float] = field(default_factory=dict)
 
-    def models(self) -> ExperimentModels:
-        return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile, speed=self.speed)
+    def models(self, speed: float | None = None) -> ExperimentModels:
+        """The refitted models, at the measured speed unless `speed` says another."""
+        return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile,
+                            speed=self.speed if speed is None else speed)
 
     def record_transition(self, kind: str, seconds: float) -> None:
         old = self.transition_s.get(kind)
@@ -122,6 +124,8 @@ class RuntimeTracker:
         (a mixed cluster, an unknown label) or the prediction again misses the one made for
         the step by over 2% (the models moved in between)."""
         ratio = float(np.clip(self.speed * t.rollout_s / t.predicted_s, 1e-3, 1e6))
+        if is_mixed(self.spec):  # its layouts are per-kind mixes, planned from the variants' tables
+            return ratio
         s0, p0 = self.speed, self._layout_s(t.ratio, self.speed)
         if p0 is None or abs(p0 - t.predicted_s) > 0.02 * t.predicted_s:
             return ratio
@@ -138,10 +142,8 @@ class RuntimeTracker:
         m = _LAYOUT.fullmatch(ratio)
         if m is None:
             return None
-        models = build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile, speed=speed)
-        if models.variants:
-            return None
-        p = models.predictor.colocated(int(m[1])) if m[1] else models.predictor.disaggregated(int(m[2]), int(m[3]))
+        predictor = self.models(speed).predictor
+        p = predictor.colocated(int(m[1])) if m[1] else predictor.disaggregated(int(m[2]), int(m[3]))
         return p.completion_s if math.isfinite(p.completion_s) else None
 
     def observe(self, t: StepTelemetry) -> ExperimentSpec:
