@@ -30,6 +30,7 @@ import numpy as np
 
 from models.builder import ExperimentModels, build_models, is_mixed
 from models.config import Distribution, ExperimentSpec
+from models.speed import SPEED_RANGE, solve_speed
 from models.step_latency import EngineProfile
 
 
@@ -114,28 +115,18 @@ class RuntimeTracker:
         self.transition_s[kind] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
 
     def exact_speed(self, t: StepTelemetry) -> float:
-        """The engine speed at which the predictor gives the step's measured time for its layout.
-
-        Why not the speed in use x measured / predicted: a batch's time also holds its tool
-        waits, which no engine speed scales, so that ratio corrects only part of an error (a
-        one-engine step predicted at 1.98 s and measured at 1.49 s moved the next prediction
-        to 1.72 s). The completion rises with the speed, so a secant from the speed in use
-        finds it. The ratio stays the answer where the layout cannot be predicted again here
-        (a mixed cluster, an unknown label) or the prediction again misses the one made for
-        the step by over 2% (the models moved in between)."""
-        ratio = float(np.clip(self.speed * t.rollout_s / t.predicted_s, 1e-3, 1e6))
+        """The engine speed at which the predictor gives the step's measured time for its layout
+        (`models.speed.solve_speed`, from the speed in use). The ratio, speed x measured /
+        predicted, stays the answer where the layout cannot be predicted again here (a mixed
+        cluster, an unknown label) or the prediction again misses the one made for the step by
+        over 2% (the models moved in between)."""
+        ratio = float(np.clip(self.speed * t.rollout_s / t.predicted_s, *SPEED_RANGE))
         if is_mixed(self.spec):  # its layouts are per-kind mixes, planned from the variants' tables
             return ratio
-        s0, p0 = self.speed, self._layout_s(t.ratio, self.speed)
+        p0 = self._layout_s(t.ratio, self.speed)
         if p0 is None or abs(p0 - t.predicted_s) > 0.02 * t.predicted_s:
             return ratio
-        s1 = ratio
-        for _ in range(8):
-            p1 = self._layout_s(t.ratio, s1)
-            if p1 is None or abs(p1 - t.rollout_s) <= 1e-3 * t.rollout_s or p1 == p0:
-                break
-            s0, p0, s1 = s1, p1, float(np.clip(s1 + (t.rollout_s - p1) * (s1 - s0) / (p1 - p0), max(s1 / 4, 1e-3), min(s1 * 4, 1e6)))
-        return s1
+        return solve_speed(lambda s: self._layout_s(t.ratio, s), t.rollout_s, self.speed, p0)
 
     def _layout_s(self, ratio: str, speed: float) -> float | None:
         """A fresh batch's predicted completion for a layout label ('2C', '1P1D') at `speed`; None where it has none."""
