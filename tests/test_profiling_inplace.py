@@ -95,10 +95,15 @@ def test_the_validation_judges_in_run_at_the_speed_its_calibration_batches_measu
     rows = [{"mode": "colocated", "ratio": "2C", "rollout_s": f * vp.predict(spec, "2C", b, e, (bases[0], bases[0]))} for (b, e) in cal for f in (1.1, 1.3)]
     pts = [{"batch": 4, "env_s": spec.workload.env_latency_s.expected() * 0.1, "layout": "2C", "measured_s": 1.0}]
     out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts, (bases[0], bases[0]))
-    assert out["speed"] == pytest.approx(1.2, rel=1e-3) and out["base_profile"] == "cpu-tiny-runtime-x2"
-    assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "2C", 4, 0.1, (bases[0], bases[0]), 1.2), rel=1e-3)
+    assert out["base_profile"] == "cpu-tiny-runtime-x2" and out["calibration_ratios"] == pytest.approx([1.1, 1.3, 1.1, 1.3], rel=1e-3)
+    # beside each ratio, the speed at which the base profile predicts what the batch measured; its
+    # tool waits do not scale, so that speed is further from 1 than the ratio
+    for (b, e), (speed, row) in zip([c for c in cal for _ in (1, 2)], zip(out["calibration_speeds"], rows)):
+        assert vp.predict(spec, "2C", b, e, (bases[0], bases[0]), speed) == pytest.approx(row["rollout_s"], rel=2e-3)
+    assert all(s > r for s, r in zip(out["calibration_speeds"], out["calibration_ratios"]))
+    assert out["speed"] == pytest.approx(1.2, rel=1e-3)
+    assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "2C", 4, 0.1, (bases[0], bases[0]), out["speed"]), rel=1e-3)
     assert out["mean_abs_error_pct"] == pytest.approx(abs(pts[0]["in_run_error_pct"]), abs=0.01)
-    assert out["calibration_ratios"] == pytest.approx([1.1, 1.3, 1.1, 1.3], rel=1e-3)
     # a calibration batch that ran another mode's layout is one clear error, not a speed
     with pytest.raises(SystemExit, match="validate_predictor: colocated: the runtime ran disaggregated 1P1D at calibration B=12"):
         vp.judge_in_run(spec, "colocated", cal, 2, [{**rows[0], "mode": "disaggregated", "ratio": "1P1D"}] + rows[1:], pts, (bases[0], bases[0]))
@@ -112,3 +117,9 @@ def test_the_validation_refuses_to_calibrate_on_a_point_it_judges():
     for script in ("validate_predictor.py", "calibrate_deployment.py"):  # no point at all is one clear error too, not an IndexError
         proc = subprocess.run([sys.executable, f"experiments/{script}", "--batches", ""], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and "error:" in proc.stderr, proc.stderr
+
+
+def test_the_calibration_refuses_a_number_of_runs_it_cannot_take():
+    for runs in ("0", "21"):
+        proc = subprocess.run([sys.executable, "experiments/calibrate_deployment.py", "--runs", runs], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--runs 1-20" in proc.stderr and f", {runs}, " in proc.stderr, proc.stderr
