@@ -59,7 +59,7 @@ def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
 
 
 def pooled(spec: ExperimentSpec, mode: str, batches: list[dict], records: list[dict], bases: tuple[EngineProfile, EngineProfile]) -> tuple[float, InPlaceTerms | None]:
-    """The mode's speed over every run's batches (the median of their solved speeds) and, colocated, the terms measured in place over every run's calls."""
+    """The mode's speed over every run's batches (`deployment_speed`: the median of their measured / predicted) and, colocated, the terms measured in place over every run's calls."""
     try:
         speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
         terms = inplace_terms(records, build_models(spec, profile=bases[0], pd_profile=bases[1]).predictor.colocated_engine) if mode == "colocated" else None

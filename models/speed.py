@@ -1,14 +1,15 @@
 """The engine speed at which a prediction meets a measurement.
 
 A profile is scaled by one speed (`EngineProfile.scaled`) when a deployment runs its engines
-slower or faster than they were profiled: the runtime tracker after every step, and
-`experiments/calibrate_deployment.py` ahead of a run. Both need the speed that makes the
-predictor give what a batch measured. The batch's measured / predicted is not it: a batch's
-time also holds its tool waits, which no engine speed scales, so that ratio corrects only
-part of an error (a one-engine step predicted at 1.98 s and measured at 1.49 s, scaled by
+slower or faster than they were profiled. The runtime tracker refits it after every step and
+needs the speed that makes the predictor give what the step measured; the deployment
+calibration writes the same per batch beside its ratios (a diagnosis: why its own speed stays
+the ratio is in `runtime.profiling_inplace.deployment_speed`). The batch's measured /
+predicted is not that speed: a batch's time also holds its tool waits, which no engine speed
+scales, so that ratio corrects only part of an error (a one-engine step predicted at 1.98 s and measured at 1.49 s, scaled by
 the ratio, was predicted again at 1.72 s). The predicted completion rises with the speed, so
 a secant from a known prediction finds it in a few predictions. Written once here so that
-the calibration and the online refit cannot solve it two ways.
+the tracker and the calibration's diagnosis cannot solve it two ways.
 """
 
 from __future__ import annotations

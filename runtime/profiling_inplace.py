@@ -12,9 +12,9 @@ profile predicted.
 The deployment profile is the runtime tracker's speed refit (runtime/ray_runtime/telemetry.py:
 every term of the profile scaled by one speed) done ahead of time on calibration batches:
 `deployment_speed` is the median of their measured / predicted (why not the tracker's solved
-speed: its docstring), and `deployed_profile` scales the base profile by it. One number, because the component terms
-measured in place do not compose into the predictor's structure on their own: taken at face
-value (decode x1.45-1.6, 41-66 ms outside) they over-predicted the same batches by 8-30%; the
+speed: its docstring), and `deployed_profile` scales the base profile by it. One number,
+because the component terms measured in place do not compose into the predictor's structure
+on their own: taken at face value (decode x1.45-1.6, 41-66 ms outside) they over-predicted the same batches by 8-30%; the
 in-place decode steps include the other trajectories' prefills, which the predictor already
 charges as prefill time. They are still measured (`inplace_terms`) and written beside the
 speed, to say where the time goes. The calibration batches must be other batches than a

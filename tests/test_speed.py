@@ -1,5 +1,5 @@
 """`models.speed.solve_speed`: the engine speed at which a prediction meets a measurement, which the
-runtime tracker and the deployment calibration both use."""
+runtime tracker refits with and the deployment calibration reports per batch."""
 
 from __future__ import annotations
 
