@@ -255,3 +255,40 @@ def test_a_cpu_engines_kv_pool_holds_every_sequence_at_full_length(tmp_path, mon
         assert engine_args(tiny, "colocated").create_engine_config().cache_config.kv_cache_memory_bytes == 256 << 20
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # restored after the build
     assert engine_args(tiny, "colocated").create_engine_config().cache_config.kv_cache_memory_bytes == 1 << 30  # what it overrides
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_start_the_executor_began_is_in_the_next_decisions_view_before_its_task_runs(restart):
+    """The executor begins a start; the runtime spawns its task, which first runs at the loop's
+    next turn. A decision scheduled in between (a repair after a second death, a training
+    event) read the slot as down: a RUNNING start is not in `Executor.committed` (it is the
+    runtime's to show), so it planned the same start again and the slot started twice (a
+    fresh-clone failure of `test_a_worker_under_way_is_not_started_again`). The runtime now
+    claims the slot when the executor begins the action. Tasks are not run here: the view
+    is read in exactly that gap."""
+    from models.config import load_experiment
+    from planner.transition import Action, TransitionPlan
+    from runtime.ray_runtime.controller import Controller
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-cpu-scenario.yaml")
+    spec = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"backend": "emulated"})})
+
+    async def view() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        ctl = Controller(spec, metrics_path=os.devnull, log=lambda m: None)
+        spawned: list = []
+        ctl._spawn = lambda coro: spawned.append(coro) or coro.close()  # the gap: no task runs
+        r = ctl.rec[ctl.table.slots[0].gpu]
+        if restart:  # a worker that served and died: the repair decision restarts its slot
+            r.role, r.status, r.gpus = "colocated", "active", (r.slot.gpu,)
+            ctl._mark_dead(r, "test death")
+        before = [(w.id, w.role) for w in ctl.cluster_state().workers]
+        start = Action(0, "start", r.worker_id, (r.slot.gpu,), "colocated")
+        _, progress = ctl.executor.submit(TransitionPlan((start, Action(1, "load_weights", r.worker_id, (r.slot.gpu,), after=(0,))), 0, 0, 0, 0, 0))
+        assert [a.kind for _, a in progress.begin] == ["start"]
+        ctl._execute(progress)
+        assert len(spawned) == 1 + restart  # the start's task (and the repair's), never run
+        return before, [(w.id, w.role) for w in ctl.cluster_state().workers]
+
+    before, after = asyncio.run(view())
+    assert before == []
+    assert len(after) == 1 and after[0][1] == "colocated", after  # the worker it is becoming: no second start

@@ -56,7 +56,20 @@ class PlanRunner:
             self._update_mode()
             self.capacity.set()
         for rid, a in progress.begin:
+            self._claim(a)
             self._spawn(self._run_action(rid, a))
+
+    def _claim(self, a: Action) -> None:
+        """An action the executor has begun is the runtime's state from now on, not from when its
+        task first runs: a decision scheduled in between would otherwise see a restarting slot as
+        down (not yet "starting") and plan the same start again, or a switching worker in its old
+        role (the executor's contract: `Executor.committed` applies only actions not yet begun)."""
+        r = self.table.of(a)
+        if a.kind == "start":
+            r.gpus = tuple(a.gpus) or (r.slot.gpu,)
+            r.role, r.status = a.role, "starting"
+        elif a.kind == "switch_role" and r.status == "active":
+            r.status = "draining"  # what its drain sets first: dispatch stops, its GPUs are held
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -136,7 +149,6 @@ class PlanRunner:
                 self.tracker.record_transition("switch_role", (time.monotonic() - t0) * self.scale)
             elif a.kind == "start":
                 t0 = time.monotonic()
-                r.gpus = tuple(a.gpus) or (r.slot.gpu,)
                 if not await self._start_slot(r, a.role):  # type: ignore[arg-type]
                     return False
                 if set(r.gpus) & self.table.gone_elastic():  # preempted while it started: it never joins
@@ -163,8 +175,9 @@ class PlanRunner:
         from runtime.ray_runtime.rollout_worker import RolloutWorker
 
         if self.fatal is not None or r.slot.gpu in self.table.lost:
+            r.status, r.role = "down", None  # claimed when it began (`_claim`): it never starts
             return False
-        # from here on the planner sees the worker it is becoming (see switch_role), backoff included
+        # the planner sees the worker it is becoming (`_claim`, see switch_role), backoff included
         r.role, r.status = role, "starting"
         if r.failures:  # a restart after a death: back off, doubling per death (a crash loop slows, then stops)
             delay = min(self.rt.restart_backoff_s * 2 ** (r.failures - 1), 60.0)
