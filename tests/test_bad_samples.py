@@ -89,7 +89,6 @@ EXPECTED = {
     "degenerate-all-identical.jsonl": "prefill samples",
     "degenerate-one-per-kind.jsonl": "prefill samples",
     "degenerate-two-decode-shapes.jsonl": "decode samples",
-    "degenerate-holdout-repeats-training.jsonl": "decode samples",
     "degenerate-one-handoff.jsonl": "handoff samples",
 }
 
@@ -131,7 +130,7 @@ def test_corpus_file_is_one_clear_error(name: str, tmp_path: Path) -> None:
 def test_degenerate_error_states_what_is_needed(tmp_path: Path) -> None:
     res, _ = pearl_fit(CORPUS / "degenerate-two-decode-shapes.jsonl", tmp_path / "out.json")
     line = one_error_line(res)
-    assert "2 distinct shapes to train on, spanning 2 independent terms" in line and "here >= 3; 8 always suffice" in line, line
+    assert "2 distinct shapes to fit, spanning 2 independent terms" in line and "here >= 3; 8 always suffice" in line, line
 
 
 def test_samples_path_that_is_no_file(tmp_path: Path) -> None:
@@ -165,15 +164,17 @@ def test_flags_are_blamed_for_their_values(tmp_path: Path) -> None:
         (["--hardware", "tpu9"], tmp_path / "out.json", "'--hardware'"),
         ([], tmp_path, "'--out'"),  # a directory
         ([], tmp_path / "a-file" / "out.json", "'--out'"),  # under a regular file
-        (["--holdout-every", "1000"], tmp_path / "out.json", "'prefill samples'"),  # nothing held out
     ]
     for flags, out, field in cases:
         res, elapsed = pearl_fit(good, out, *flags)
         line = one_error_line(res)
         assert field in line and elapsed < TIME_BOUND_S, (flags, line)
-    # and the same file fits when nothing is wrong
+    # and the same file fits when nothing is wrong; more folds than samples is leave-one-out
     res, _ = pearl_fit(good, tmp_path / "out.json", "--json")
     assert_finite_fit(res, tmp_path / "out.json")
+    res, _ = pearl_fit(good, tmp_path / "out.json", "--holdout-every", "1000", "--json")
+    assert_finite_fit(res, tmp_path / "out.json")
+    assert strict_loads(res.stdout)["n_holdout"] == {"prefill": 8, "decode": 8, "handoff": 8}
 
 
 def test_smallest_profiling_grid_still_fits(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from models.config import ConfigError, load_hardware, load_llms
-from models.fit import StepSample, fit_profile, read_samples, split_holdout, write_samples
+from models.fit import StepSample, cross_folds, fit_profile, read_samples, write_samples
 from models.step_latency import FEATURES, StepCoefficients, StepLatencyModel, StepShape, step_features
 
 LLM = load_llms().models["qwen3-30b-a3b"]  # MoE: weight reads vary with tokens, so 'weights' is identifiable
 GPU = load_hardware().gpus["H800"]
+ROOT = Path(__file__).resolve().parent.parent
 TP = 1  # no TP traffic: the comm column is zero and compute is identifiable
 TRUE = {
     "prefill": StepCoefficients(fixed=0.004, requests=0.0002, compute=1.8, attn=1.5, weights=1.2, kv=1.0, comm=0.0),
@@ -78,7 +79,8 @@ def test_fit_is_non_negative_and_generalises(report) -> None:
     for kind in ("prefill", "decode"):
         assert np.all(report.profile.coefficients(kind).vector() >= 0)
         assert report.holdout_mape[kind] < 2.0  # noise is 1%: the model class is exact
-        assert report.n_holdout[kind] > 0 and report.n_train[kind] >= 2 * report.n_holdout[kind]
+        n = sum(s.kind == kind for s in synthetic_samples())
+        assert report.n_train[kind] == report.n_holdout[kind] == n  # fitted on all; each held out once
     assert report.profile.label == "measured"
     # Off-grid shapes, noise-free truth: the fitted engine predicts them within a few percent.
     fitted = StepLatencyModel(LLM, GPU, TP, report.profile)
@@ -88,13 +90,28 @@ def test_fit_is_non_negative_and_generalises(report) -> None:
     assert np.allclose(fitted.prefill_time(np.array([100.0, 3000.0]), 2.0, 5000.0), truth.prefill_time(np.array([100.0, 3000.0]), 2.0, 5000.0), rtol=0.03)
 
 
-def test_holdout_split_is_deterministic_and_disjoint() -> None:
+def test_cross_folds_hold_each_sample_out_once_and_deterministically() -> None:
     samples = synthetic_samples()
-    a_train, a_test = split_holdout(samples, 4)
-    b_train, b_test = split_holdout(samples, 4)
-    assert a_train == b_train and a_test == b_test
-    assert len(a_train) + len(a_test) == len(samples)
-    assert not set(map(id, a_train)) & set(map(id, a_test))
+    folds = cross_folds(samples, 4)
+    assert folds == cross_folds(samples, 4) and len(folds) == 4
+    held = [s for _, ho in folds for s in ho]
+    assert sorted(map(id, held)) == sorted(map(id, samples))  # every sample once
+    for tr, ho in folds:
+        assert ho and len(tr) + len(ho) == len(samples) and not set(map(id, tr)) & set(map(id, ho))
+    assert [len(ho) for _, ho in cross_folds(samples[:5], 1000)] == [1] * 5  # k >= n: leave one out
+
+
+def test_folds_do_not_follow_the_grids_order() -> None:
+    """A profiling grid lists its largest step at the same place in every block: with every
+    k-th sample of the grid's order held out, one fold held every 2048-token step of the
+    shipped runtime profile's samples, and its fit never saw a step that large."""
+    _, rows = read_samples(ROOT / "configs/profiles/samples/cpu-tiny-runtime-x2.jsonl")
+    prefill = [s for s in rows if s.kind == "prefill"]
+    largest = [i for i, s in enumerate(prefill) if s.prefill_tokens == 2048]
+    assert len(largest) == 6 and {i % 4 for i in largest} == {3}  # the grid's order: all in one fold
+    folds = cross_folds(prefill, 4)
+    per_fold = [sum(s.prefill_tokens == 2048 for s in ho) for _, ho in folds]
+    assert max(per_fold) < len(largest) and sum(per_fold) == len(largest), per_fold
 
 
 def test_samples_round_trip(tmp_path: Path) -> None:

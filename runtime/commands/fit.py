@@ -75,10 +75,10 @@ def fit(
     hardware: str = typer.Option(None, "--hardware", help="accelerator in configs/hardware.yaml (default: the samples header's)"),
     tp: int = int_option(None, "--tp", lo=1, hi=MAX_TP, help="tensor-parallel degree (default: the samples header's)"),
     out: Path = typer.Option(..., "--out", help="profile JSON to write (configs/profiles/NAME.json)"),
-    holdout_every: int = int_option(4, "--holdout-every", lo=2, hi=MAX_HOLDOUT_EVERY, help="hold out every k-th sample of each kind"),
+    holdout_every: int = int_option(4, "--holdout-every", lo=2, hi=MAX_HOLDOUT_EVERY, help="k-fold cross-validation: each sample of each kind is predicted by the fit on the other k-1 folds (k >= samples: leave one out)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Fit prefill and decode coefficients (NNLS on relative error); report train and held-out MAPE."""
+    """Fit prefill and decode coefficients (NNLS on relative error) on every sample; report their MAPE and the held-out MAPE of k-fold cross-validation."""
     from models.config import ConfigError, load_hardware, load_llms
     from models.fit import fit_profile, read_samples
     from runtime.jsonout import print_json
@@ -140,7 +140,7 @@ def fit(
     from rich.table import Table
 
     t = Table(title=f"fit {model} on {hardware} (tp {tp}) from {samples.name}")
-    for c in ("step kind", "train n", "train MAPE %", "held-out n", "held-out MAPE %", "repeat noise %"):
+    for c in ("step kind", "samples", "fit MAPE %", "held out", f"held-out MAPE % ({holdout_every}-fold)", "repeat noise %"):
         t.add_column(c)
     for kind in report.train_mape:
         noise = report.repeat_noise[kind]
