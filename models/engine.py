@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from models import architecture as arch
-from models.step_latency import DEFAULT_STEP_TOKENS, KVHandoff, StepLatencyModel
+from models.step_latency import DEFAULT_STEP_TOKENS, SPILL_TOKENS, KVHandoff, StepLatencyModel
 
 Role = Literal["colocated", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
@@ -70,8 +70,8 @@ class StepCost:
 
         def scaled(c: object) -> tuple[float, ...]:
             v = c.vector()  # type: ignore[attr-defined]
-            fixed, requests, compute, attn, weights, kv, comm = (float(x) for x in v)
-            return (fixed, requests, compute / peak, attn / peak, weights / hbm, kv / hbm, comm)
+            fixed, requests, compute, attn, weights, kv, comm, spill = (float(x) for x in v)
+            return (fixed, requests, compute / peak, attn / peak, weights / hbm, kv / hbm, comm, spill / peak / SPILL_TOKENS)
 
         return cls(
             p=scaled(m.profile.prefill),
@@ -102,14 +102,16 @@ class StepCost:
         weights = self.dense_bytes
         if self.experts:
             weights += self.experts * (1.0 - (1.0 - self.active / self.experts) ** max(tok, 0.0)) * self.expert_bytes
+        flops = self.two_a * tok + self.two_hv * sampled
         return (
             c[0]
             + c[1] * sampled
-            + c[2] * (self.two_a * tok + self.two_hv * sampled)
+            + c[2] * flops
             + c[3] * self.attn_k * pairs
             + c[4] * weights
             + c[5] * self.kvb * (prefix_tokens + decode_context + tok)
             + c[6] * self.comm_k * tok
+            + c[7] * flops * prefill_tokens
         )
 
     def decode_affine(self, c: int) -> tuple[float, float]:

@@ -325,7 +325,7 @@ def check_identifiable(kind: str, x: np.ndarray, y: np.ndarray, unseen: int, sou
     (`unseen`). With no more distinct shapes than that rank the fit passes through every point:
     a 0% error that says nothing. With no unseen held-out shape the held-out error only
     repeats training points. Since the rank is at most the number of coefficients fitted,
-    that many plus one distinct shapes always suffice (8 for a step kind, 4 for the handoff);
+    that many plus one distinct shapes always suffice (9 for a step kind, 4 for the handoff);
     fewer do where the shapes vary fewer terms (the 8-point `tiny` grid: rank 3-5).
     """
     from models.config import ConfigError

@@ -10,6 +10,11 @@ where each feature is a datasheet time (FLOPs / peak, bytes / bandwidth) or, for
 scheduling, sampling and output handling that no datasheet term sees: seconds per
 request), and each c_i >= 0 is fitted to measurements (`pearl fit`). Prefill-bearing and decode-only steps have their
 own coefficient sets because their kernels reach very different efficiency.
+
+"spill" is the one term no datasheet gives: the matmul time times the step's prefill tokens
+(per 1024). On CPU a prefill step's activations outgrow the caches and each token costs more
+the more there are (a 2048-token step of the runtime's tiny engines takes 1.9-2.5x a 1024-token
+one); NNLS leaves it at 0 where steps grow linearly, and datasheet-derived profiles have none.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import numpy as np
 from models import architecture as arch
 from models.config import GPUSpec, LLMSpec
 
-FEATURES: tuple[str, ...] = ("fixed", "requests", "compute", "attn", "weights", "kv", "comm")
+FEATURES: tuple[str, ...] = ("fixed", "requests", "compute", "attn", "weights", "kv", "comm", "spill")
+SPILL_TOKENS = 1024.0  # the spill term's unit: matmul time x prefill tokens / SPILL_TOKENS
 StepKind = Literal["prefill", "decode"]
 
 
@@ -58,14 +64,16 @@ def step_features(shape: StepShape, llm: LLMSpec, gpu: GPUSpec, tp: int) -> np.n
     peak = gpu.bf16_tflops * 1e12 * tp
     hbm = gpu.hbm_tb_s * 1e12 * tp
     kv_tokens = np.asarray(shape.prefill_prefix_tokens, dtype=float) + np.asarray(shape.decode_context_tokens, dtype=float) + tokens
+    compute = arch.matmul_flops(llm, tokens, sampled) / peak
     cols = [
         np.ones_like(tokens),
         sampled,
-        arch.matmul_flops(llm, tokens, sampled) / peak,
+        compute,
         arch.attention_flops(llm, tokens, shape.attended_pairs()) / peak,
         arch.weight_bytes_read(llm, tokens) / hbm,
         arch.kv_bytes_per_token(llm) * kv_tokens / hbm,
         arch.tp_allreduce_bytes(llm, tokens, tp) / (gpu.intra_node_gb_s * 1e9),
+        compute * p / SPILL_TOKENS,
     ]
     return np.stack(np.broadcast_arrays(*cols), axis=-1)
 
@@ -81,6 +89,7 @@ class StepCoefficients:
     weights: float = 1.0
     kv: float = 1.0
     comm: float = 1.0
+    spill: float = 0.0  # superlinear prefill (see the module's docstring); measured profiles only
 
     def vector(self) -> np.ndarray:
         return np.array([getattr(self, f) for f in FEATURES], dtype=float)

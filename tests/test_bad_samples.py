@@ -130,7 +130,7 @@ def test_corpus_file_is_one_clear_error(name: str, tmp_path: Path) -> None:
 def test_degenerate_error_states_what_is_needed(tmp_path: Path) -> None:
     res, _ = pearl_fit(CORPUS / "degenerate-two-decode-shapes.jsonl", tmp_path / "out.json")
     line = one_error_line(res)
-    assert "2 distinct shapes to fit, spanning 2 independent terms" in line and "here >= 3; 8 always suffice" in line, line
+    assert "2 distinct shapes to fit, spanning 2 independent terms" in line and "here >= 3; 9 always suffice" in line, line
 
 
 def test_samples_path_that_is_no_file(tmp_path: Path) -> None:

@@ -22,7 +22,11 @@ def step():
     return build_models(spec).predictor.colocated_engine
 
 
-def test_scalar_cost_equals_step_latency_model(step):
+@pytest.mark.parametrize("config", ["paper-30b", "train-cpu-learn"])
+def test_scalar_cost_equals_step_latency_model(config):
+    """A datasheet-derived MoE profile, and a measured CPU one whose prefill has a spill term."""
+    step = build_models(load_experiment(ROOT / f"configs/experiments/{config}.yaml")).predictor.colocated_engine
+    assert (step.profile.prefill.spill > 0) == (config == "train-cpu-learn")
     cost = StepCost.of(step)
     rng = np.random.default_rng(1)
     for _ in range(50):
