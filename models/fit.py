@@ -243,13 +243,6 @@ def fit_coefficients(samples: list[StepSample], llm: LLMSpec, gpu: GPUSpec, tp: 
     return StepCoefficients.from_vector(coef)
 
 
-def mape(samples: list[StepSample], coeffs: StepCoefficients, llm: LLMSpec, gpu: GPUSpec, tp: int) -> float:
-    if not samples:
-        return float("nan")
-    x, y = _design(samples, llm, gpu, tp)
-    return _mape(x @ coeffs.vector(), y)
-
-
 def repeat_noise_pct(samples: list[StepSample]) -> float | None:
     """Mean repeat spread (%) of the samples: how far one measurement of a shape strays
     (None where the samples predate its recording)."""
@@ -268,11 +261,6 @@ def fit_handoff(samples: list[StepSample]) -> KVHandoff:
     return KVHandoff(*(float(v) for v in _nnls_relative(*_handoff_design(samples))))
 
 
-def handoff_mape(samples: list[StepSample], h: KVHandoff) -> float:
-    pred = np.array([float(h.time(s.prefill_requests, s.prefill_prefix_tokens)) for s in samples])
-    return _mape(pred, np.array([s.seconds for s in samples]))
-
-
 REQUEST_COUNTS_NEEDED = 4
 
 
@@ -284,11 +272,6 @@ def _request_design(samples: list[StepSample]) -> tuple[np.ndarray, np.ndarray]:
 def fit_request_overhead(samples: list[StepSample]) -> RequestOverhead:
     """NNLS on relative error: t = fixed + per_request * requests in flight on the engine."""
     return RequestOverhead(*(float(v) for v in _nnls_relative(*_request_design(samples))))
-
-
-def request_mape(samples: list[StepSample], r: RequestOverhead) -> float:
-    pred = np.array([float(r.time(s.prefill_requests)) for s in samples])
-    return _mape(pred, np.array([s.seconds for s in samples]))
 
 
 def fold_of(n: int, k: int) -> np.ndarray:
