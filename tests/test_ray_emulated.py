@@ -28,7 +28,7 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "failed_trajectories", "worker_failures",
                         "late_returns", "train_delay_s", "forced_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched",
-                        "profile", "prediction_error_pct", "predictions", "control", "steps_detail", "nodes", "node_events", "placement_mismatches", "services"}
+                        "profile", "pd_profile", "prediction_error_pct", "predictions", "control", "steps_detail", "nodes", "node_events", "placement_mismatches", "services"}
     assert out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["weights_mismatched"] == 0
     # one row per step; the emulated trainer computes no loss, and the row says so (null)
     assert [d["step"] for d in out["steps_detail"]] == [0, 1, 2] and out["control"] == "none"
@@ -54,7 +54,7 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     steps = [r for r in recs if r["record"] == "rollout_step"]
     assert len(steps) == 3 and all(r["rollout_s"] > 0 and r["predicted_s"] > 0 for r in steps)
     # ... and the summary judges each prediction out of sample: made from earlier steps only
-    assert out["profile"] == "h800-qwen3-8b"  # the config names one profile, no per-engine-count ones
+    assert out["profile"] == "h800-qwen3-8b" and out["pd_profile"] is None  # the config names one profile, no per-engine-count ones
     assert [p["step"] for p in out["predictions"]] == [0, 1, 2] and len(out["prediction_error_pct"]) == 3
     for p, r in zip(out["predictions"], steps):
         assert p["fitted_on_steps"] <= p["step"] and p["measured_s"] == pytest.approx(r["rollout_s"], abs=1e-3)

@@ -112,6 +112,8 @@ def test_workers_run_on_the_nodes_their_slots_name(node_loss):
     # the trainer and the environment run beside the driver, on the head (the first planner node's Ray node)
     assert set(s["services"]) == {"driver", "trainer", "env"} and len(set(s["services"].values())) == 1, s["services"]
     assert s["services"]["driver"] == started["w:rollout0-0/0"], (s["services"], started)
+    # one engine per node: the predictor started from the config's 1-engine profiles, and says which
+    assert (s["profile"], s["pd_profile"]) == ("cpu-tiny-runtime-x2", "cpu-tiny-runtime-pd"), (s["profile"], s["pd_profile"])
 
 
 def test_a_lost_node_loses_no_trajectory_and_comes_back(node_loss):

@@ -55,6 +55,7 @@ class RunSummary:
     node_events: list[dict[str, Any]] = field(default_factory=list)  # Ray nodes lost and joined during the run
     placement_mismatches: int = 0  # workers that ran on another Ray node than their slot's
     services: dict[str, str] = field(default_factory=dict)  # driver, trainer, env -> Ray node (on a cluster: all the head)
+    pd_profile: str | None = None  # the P/D instances' own profile, where the deployment names one (`profile_by_engines`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +66,7 @@ class RunSummary:
             "train_delay_s": round(self.train_delay_s, 3), "forced_returns": self.forced_returns,
             "decisions": self.decisions, "solve_ms_p95": round(self.solve_ms_p95, 3), "kv_handoffs": self.kv_handoffs,
             "weights_verified": self.weights_verified, "weights_mismatched": self.weights_mismatched,
-            "profile": self.profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
+            "profile": self.profile, "pd_profile": self.pd_profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
             "control": self.control, "steps_detail": self.steps_detail,
             "nodes": self.nodes, "node_events": self.node_events, "placement_mismatches": self.placement_mismatches,
             "services": self.services,
