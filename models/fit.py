@@ -329,19 +329,6 @@ def check_identifiable(kind: str, x: np.ndarray, y: np.ndarray, unseen: int, sou
         )
 
 
-def _predict(fitted: Any, x: np.ndarray) -> np.ndarray:
-    """A fitted term's times for its design rows (`_design`, `_handoff_design`, `_request_design`)."""
-    return x @ _vector(fitted)
-
-
-def _vector(fitted: Any) -> np.ndarray:
-    if isinstance(fitted, KVHandoff):
-        return np.array([fitted.fixed_s, fitted.per_request_s, fitted.per_token_s])
-    if isinstance(fitted, RequestOverhead):
-        return np.array([fitted.fixed_s, fitted.per_request_s])
-    return fitted.vector()
-
-
 @dataclass(frozen=True)
 class FitReport:
     profile: EngineProfile
@@ -399,14 +386,14 @@ def fit_profile(
         try:
             for tr, ho in folds:  # every sample predicted by a fit that never saw it
                 x_ho, y_ho = design(ho)
-                held.extend(np.abs(_predict(fit(tr), x_ho) - y_ho) / y_ho)
+                held.extend(np.abs(x_ho @ fit(tr).vector() - y_ho) / y_ho)
             fitted[kind] = fit(group)  # the shipped fit: every shape the grid measured, its largest steps included
         except RuntimeError as exc:  # NNLS out of iterations
             raise ConfigError(source, f"{kind} samples", str(exc), "samples a non-negative least-squares fit converges on") from None
-        tr_m[kind], ho_m[kind] = _mape(_predict(fitted[kind], x), y), float(np.mean(held) * 100)
+        tr_m[kind], ho_m[kind] = _mape(x @ fitted[kind].vector(), y), float(np.mean(held) * 100)
         n_tr[kind], n_ho[kind] = len(group), len(held)
         noise[kind] = repeat_noise_pct(group)
-        if not np.all(np.isfinite([*_vector(fitted[kind]), tr_m[kind], ho_m[kind]])):  # backstop: validated input keeps these finite
+        if not np.all(np.isfinite([*fitted[kind].vector(), tr_m[kind], ho_m[kind]])):  # backstop: validated input keeps these finite
             raise ConfigError(source, f"{kind} samples", "a fit with non-finite coefficients or errors", "samples whose fit is finite")
     handoff, overhead = fitted.get("handoff"), fitted.get("request")
     coeffs = {k: fitted[k] for k in ("prefill", "decode")}

@@ -116,6 +116,10 @@ class KVHandoff:
         """One admitting step for `requests` requests loading `tokens` KV tokens in all."""
         return self.fixed_s + self.per_request_s * np.asarray(requests, dtype=float) + self.per_token_s * np.asarray(tokens, dtype=float)
 
+    def vector(self) -> np.ndarray:
+        """Its terms in `time`'s order: (fixed, per request, per token)."""
+        return np.array([self.fixed_s, self.per_request_s, self.per_token_s])
+
     def scaled(self, k: float) -> "KVHandoff":
         return KVHandoff(self.fixed_s * k, self.per_request_s * k, self.per_token_s * k)
 
@@ -136,6 +140,10 @@ class RequestOverhead:
 
     def time(self, requests: np.ndarray | float) -> np.ndarray:
         return self.fixed_s + self.per_request_s * np.asarray(requests, dtype=float)
+
+    def vector(self) -> np.ndarray:
+        """Its terms in `time`'s order: (fixed, per request)."""
+        return np.array([self.fixed_s, self.per_request_s])
 
     def scaled(self, k: float) -> "RequestOverhead":
         return RequestOverhead(self.fixed_s * k, self.per_request_s * k)

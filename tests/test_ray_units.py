@@ -257,6 +257,20 @@ def test_a_cpu_engines_kv_pool_holds_every_sequence_at_full_length(tmp_path, mon
     assert engine_args(tiny, "colocated").create_engine_config().cache_config.kv_cache_memory_bytes == 1 << 30  # what it overrides
 
 
+def _controller_in_the_gap():
+    """An emulated-backend Controller whose spawned tasks never run: the planner's view is read
+    between the executor beginning an action and the action's task first running."""
+    from models.config import load_experiment
+    from runtime.ray_runtime.controller import Controller
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-cpu-scenario.yaml")
+    spec = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"backend": "emulated"})})
+    ctl = Controller(spec, metrics_path=os.devnull, log=lambda m: None)
+    spawned: list = []
+    ctl._spawn = lambda coro: spawned.append(coro) or coro.close()
+    return ctl, spawned
+
+
 @pytest.mark.parametrize("restart", [False, True])
 def test_a_start_the_executor_began_is_in_the_next_decisions_view_before_its_task_runs(restart):
     """The executor begins a start; the runtime spawns its task, which first runs at the loop's
@@ -266,17 +280,10 @@ def test_a_start_the_executor_began_is_in_the_next_decisions_view_before_its_tas
     fresh-clone failure of `test_a_worker_under_way_is_not_started_again`). The runtime now
     claims the slot when the executor begins the action. Tasks are not run here: the view
     is read in exactly that gap."""
-    from models.config import load_experiment
     from planner.transition import Action, TransitionPlan
-    from runtime.ray_runtime.controller import Controller
-
-    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-cpu-scenario.yaml")
-    spec = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"backend": "emulated"})})
 
     async def view() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        ctl = Controller(spec, metrics_path=os.devnull, log=lambda m: None)
-        spawned: list = []
-        ctl._spawn = lambda coro: spawned.append(coro) or coro.close()  # the gap: no task runs
+        ctl, spawned = _controller_in_the_gap()
         r = ctl.rec[ctl.table.slots[0].gpu]
         if restart:  # a worker that served and died: the repair decision restarts its slot
             r.role, r.status, r.gpus = "colocated", "active", (r.slot.gpu,)
@@ -292,3 +299,25 @@ def test_a_start_the_executor_began_is_in_the_next_decisions_view_before_its_tas
     before, after = asyncio.run(view())
     assert before == []
     assert len(after) == 1 and after[0][1] == "colocated", after  # the worker it is becoming: no second start
+
+
+def test_a_switch_the_executor_began_is_draining_in_the_next_decisions_view_before_its_task_runs():
+    """The same gap for a role switch: the worker's GPUs are held from the moment the switch
+    begins (draining), not shown serving in its old role, which a decision would switch again."""
+    from planner.transition import Action, TransitionPlan
+
+    async def view() -> tuple[list[tuple[str, str, bool]], list[tuple[str, str, bool]]]:
+        ctl, spawned = _controller_in_the_gap()
+        r = ctl.rec[ctl.table.slots[0].gpu]
+        r.role, r.status, r.gpus = "colocated", "active", (r.slot.gpu,)
+        before = [(w.id, w.role, w.draining) for w in ctl.cluster_state().workers]
+        switch = Action(0, "switch_role", r.worker_id, (r.slot.gpu,), "prefill", from_role="colocated")
+        _, progress = ctl.executor.submit(TransitionPlan((switch,), 0, 0, 0, 0, 0))
+        assert [a.kind for _, a in progress.begin] == ["switch_role"]
+        ctl._execute(progress)
+        assert len(spawned) == 1
+        return before, [(w.id, w.role, w.draining) for w in ctl.cluster_state().workers]
+
+    before, after = asyncio.run(view())
+    assert before == [(before[0][0], "colocated", False)]
+    assert after == [(before[0][0], "colocated", True)], after  # held while it drains: not switched again
