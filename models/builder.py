@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ConfigError, ExperimentSpec, default_profile_name, pd_profile_path, profile_path
+from models.config import ConfigError, ExperimentSpec, default_profile_name, pd_profile_path, profile_path, rollout_nodes
 from models.predictor import RolloutPredictor, batch_shape
 from models.step_latency import EngineProfile, StepLatencyModel, load_profile
 from models.transition import TransitionCosts, transition_costs
@@ -92,19 +92,30 @@ def load_profiles(spec: ExperimentSpec) -> tuple[EngineProfile, EngineProfile | 
     return profile, pd
 
 
+def load_fewer_engine_profiles(spec: ExperimentSpec) -> dict[int, EngineProfile]:
+    """The colocated profiles the deployment names for fewer engines on a node than a full one
+    runs (`profile_by_engines`), each checked against the experiment's model and rollout GPU."""
+    root = profile_path(spec)
+    return {n: check_profile(spec, load_profile(root.with_name(f"{name}.json")), field) for n, (name, field) in spec.colocated_by_engines.items()}
+
+
 def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,
-                 pd_profile: EngineProfile | None = None, speed: float = 1.0) -> ExperimentModels:
+                 pd_profile: EngineProfile | None = None, speed: float = 1.0, fewer_engines: dict[int, EngineProfile] | None = None) -> ExperimentModels:
     """Predictor and transition costs for the experiment (`predictor`: the rollout GPU type at the
     smallest degree allowed per role; a mixed cluster also gets `variants`, one predictor per
     (GPU type, TP degree), which the planner's mixed program uses).
 
     Colocated instances use `profile` (default: the experiment's); prefill and decode instances
     use `pd_profile` (default: the experiment's P/D profile, else `profile`). `speed` scales both
-    (the runtime tracker's measured speed). Callers that build often pass both profiles, read
-    once with `load_profiles`."""
+    (the runtime tracker's measured speed). Colocated layouts that run fewer engines on their
+    busiest node than a full node does use `fewer_engines` (by engine count; default: the
+    deployment's, `profile_by_engines`), also scaled. Callers that build often pass the
+    profiles, read once with `load_profiles` and `load_fewer_engine_profiles`."""
     if profile is None or (pd_profile is None and spec.pd_profile_name is not None):
         loaded, loaded_pd = load_profiles(spec)
         profile, pd_profile = profile or loaded, pd_profile or loaded_pd
+    if fewer_engines is None:
+        fewer_engines = load_fewer_engine_profiles(spec) if spec.colocated_by_engines else {}
     profile = profile.scaled(speed)
     pd = pd_profile.scaled(speed) if pd_profile is not None else profile
     tp = spec.cluster.tp
@@ -116,6 +127,8 @@ def build_models(spec: ExperimentSpec, batch: int | None = None, profile: Engine
         prefill_engine=step_model(spec, pd, tpp),
         decode_engine=step_model(spec, pd, tpd),
         kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
+        colocated_by_engines=tuple((n, step_model(spec, f.scaled(speed), tc)) for n, f in sorted(fewer_engines.items())),
+        rollout_nodes=rollout_nodes(spec.cluster),
     )
     costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))
     variants, labels = variant_predictors(spec, predictor, profile, pd, speed) if is_mixed(spec) else ((), ())

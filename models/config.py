@@ -500,9 +500,26 @@ class ExperimentSpec(Frozen):
     # the experiment-file fields that chose the profiles, so an error about a profile names them
     profile_field: str = "profile"
     pd_profile_field: str | None = None
+    # colocated profiles for fewer engines on a node than a full one runs (`profile_by_engines`
+    # entries below the node's count): engines -> (profile name, the field that named it)
+    colocated_by_engines: dict[int, tuple[str, str]] = Field(default_factory=dict)
 
     def gpu(self, name: str) -> GPUSpec:
         return self.hardware.gpus[name]
+
+    def colocated_profile_name(self, instances: int) -> str:
+        """The profile that predicts `instances` colocated instances: the one measured with as
+        many engines on a node as the busiest node then runs, else the full node's."""
+        named = self.colocated_by_engines.get(busiest_node_engines(self.cluster, instances))
+        return named[0] if named else self.profile_name
+
+    def profile_of_layout(self, ratio: str) -> str:
+        """The profile that predicted a layout label ('1C', '1P1D'; '' or another form: the experiment's)."""
+        if ratio.endswith("C") and ratio[:-1].isdigit():
+            return self.colocated_profile_name(int(ratio[:-1]))
+        if "P" in ratio and ratio.endswith("D"):
+            return self.pd_profile_name or self.profile_name
+        return self.profile_name
 
 
 class DeploymentProfiles(Frozen):
@@ -520,10 +537,12 @@ class ExperimentFile(Frozen):
     workload: str
     cluster: str
     profile: str | None = None
-    # Profiles measured with N engines sharing a node (`pearl profile --clock served --engines N`):
+    # Profiles measured with N engines sharing a node (`pearl profile --clock runtime --engines N`):
     # the one whose N is the deployment's engines per rollout node replaces `profile`. A value
     # may name one profile per mode: {colocated: ..., disaggregated: ...} (the latter measured
-    # as a P/D pair, `--pd`: its prefill, decode and KV-handoff terms serve P/D instances).
+    # as a P/D pair, `--pd`: its prefill, decode and KV-handoff terms serve P/D instances). An
+    # entry for fewer engines serves the colocated layouts that run that many on the busiest
+    # node (a node whose engines share its cores runs each faster when fewer share them).
     profile_by_engines: dict[GPUCount, str | DeploymentProfiles] = Field(default_factory=dict)
     costs: CostWeights = CostWeights()
     transition_costs: TransitionCostsSpec = TransitionCostsSpec()
@@ -718,6 +737,12 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
             named.update({f"profile_by_engines.{n}.colocated": value.colocated, f"profile_by_engines.{n}.disaggregated": value.disaggregated})
     engines = engines_per_node(cluster)
     deployed = exp.profile_by_engines.get(engines)
+    for n in exp.profile_by_engines:
+        if n > engines:
+            raise ConfigError(path, f"profile_by_engines.{n}", n, f"at most {engines}: the engines one rollout node of {exp.cluster} runs "
+                              f"(gpus_per_node / tp.colocated[0])")
+    fewer = {n: ((v, f"profile_by_engines.{n}") if isinstance(v, str) else (v.colocated, f"profile_by_engines.{n}.colocated"))
+             for n, v in sorted(exp.profile_by_engines.items()) if n < engines}
     if exp.profile or deployed is None:
         named["profile"] = exp.profile or default_profile_name(rollout_gpu(cluster), exp.model)
     for field, name in named.items():
@@ -761,6 +786,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         seed=exp.seed,
         runtime=exp.runtime,
         elastic_traces=elastic_traces,
+        colocated_by_engines=fewer,
     )
 
 
@@ -822,6 +848,18 @@ def _check_load_changes(exp: ExperimentFile, workload: WorkloadSpec, path: Path)
 def rollout_gpu(cluster: ClusterSpec) -> str:
     """The GPU type rollout engines run on (the first rollout or elastic group's)."""
     return next((g.gpu for g in cluster.nodes if g.pool in ("rollout", "elastic")), cluster.nodes[0].gpu if cluster.nodes else "")
+
+
+def rollout_nodes(cluster: ClusterSpec) -> int:
+    """Nodes that host rollout engines of their own (rollout and elastic pools; every node where there are none)."""
+    nodes = [g for g in cluster.nodes if g.pool in ("rollout", "elastic")] or list(cluster.nodes)
+    return max(1, sum(g.count for g in nodes))
+
+
+def busiest_node_engines(cluster: ClusterSpec, instances: int) -> int:
+    """Colocated engines on the busiest node when `instances` of them spread over the rollout
+    nodes: the deployment whose profile predicts them (`profile_by_engines`)."""
+    return max(1, -(-instances // rollout_nodes(cluster)))
 
 
 def engines_per_node(cluster: ClusterSpec) -> int:

@@ -238,6 +238,10 @@ class RolloutPredictor:
     """Predicts batch completion for one workload on engines of given step models.
 
     kv_link_gb_s is the bandwidth a prefill instance sends KV with (per instance).
+    `colocated_by_engines` holds colocated step models measured with fewer engines sharing a
+    node than a full node runs ((engines, model), ...): n instances spread over
+    `rollout_nodes` nodes run ceil(n / nodes) on the busiest one, and run at that count's
+    model where there is one, else at `colocated_engine` (a full node's).
     """
 
     shape: BatchShape
@@ -245,7 +249,13 @@ class RolloutPredictor:
     prefill_engine: StepLatencyModel
     decode_engine: StepLatencyModel
     kv_link_gb_s: float
+    colocated_by_engines: tuple[tuple[int, StepLatencyModel], ...] = ()
+    rollout_nodes: int = 1
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def colocated_engine_for(self, n: int) -> StepLatencyModel:
+        """The step model n colocated instances run at (class docstring)."""
+        return dict(self.colocated_by_engines).get(max(1, -(-int(n) // self.rollout_nodes)), self.colocated_engine)
 
     # -- memory pressure: the share of each prefix an instance still caches
     def _pressured(self, engine: StepLatencyModel, m: np.ndarray, new: np.ndarray, prefix: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -348,10 +358,11 @@ class RolloutPredictor:
         t = np.where(cap < 1.0, np.inf, t)
         return t, c
 
-    def _colocated_turns(self, n: np.ndarray):
-        """Per instance count (rows) and turn (columns): trajectories per instance m, the (new,
-        prefix) tokens memory pressure leaves, the engine's prefill work, turn time and concurrency."""
-        eng = self.colocated_engine
+    def _colocated_turns(self, n: np.ndarray, eng: StepLatencyModel | None = None):
+        """Per instance count (rows) and turn (columns), all on engine `eng` (default: a full
+        node's): trajectories per instance m, the (new, prefix) tokens memory pressure leaves,
+        the engine's prefill work, turn time and concurrency."""
+        eng = eng or self.colocated_engine
         s = self.shape
         m = np.maximum(s.active[None, :] / np.asarray(n, dtype=float)[:, None], 1.0)
         new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
@@ -361,15 +372,25 @@ class RolloutPredictor:
         return m, new, prefix, p_busy, t, c
 
     def colocated_many(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Completion (s) and mean decode concurrency for each instance count in n."""
-        *_, t, c = self._colocated_turns(n)
-        return t.sum(axis=1), c.mean(axis=1)
+        """Completion (s) and mean decode concurrency for each instance count in n, each on the
+        engine model of its count (`colocated_engine_for`)."""
+        n = np.asarray(n)
+        if not self.colocated_by_engines:
+            *_, t, c = self._colocated_turns(n, self.colocated_engine)
+            return t.sum(axis=1), c.mean(axis=1)
+        engines = [self.colocated_engine_for(int(k)) for k in n.ravel()]
+        total, conc = np.zeros(n.size), np.zeros(n.size)
+        for eng in {id(e): e for e in engines}.values():
+            at = np.array([e is eng for e in engines])
+            *_, t, c = self._colocated_turns(n.ravel()[at], eng)
+            total[at], conc[at] = t.sum(axis=1), c.mean(axis=1)
+        return total.reshape(n.shape), conc.reshape(n.shape)
 
     def colocated_engine_use(self, n: int) -> EngineUse:
         """What an engine trace of n colocated instances would report (diagnostics, not decisions)."""
-        eng = self.colocated_engine
+        eng = self.colocated_engine_for(n)
         s = self.shape
-        m, new, prefix, p_busy, _, c = self._colocated_turns(np.array([n]))
+        m, new, prefix, p_busy, _, c = self._colocated_turns(np.array([n]), eng)
         decode_busy = m * s.response_tokens * self._tau(eng, np.maximum(c, 1.0)) / np.maximum(c, 1.0)
         prefilled = float((m * new).sum())
         decoded = float((m * s.response_tokens).sum())

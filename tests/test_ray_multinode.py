@@ -114,6 +114,8 @@ def test_workers_run_on_the_nodes_their_slots_name(node_loss):
     assert s["services"]["driver"] == started["w:rollout0-0/0"], (s["services"], started)
     # one engine per node: the predictor started from the config's 1-engine profiles, and says which
     assert (s["profile"], s["pd_profile"]) == ("cpu-tiny-runtime-x2", "cpu-tiny-runtime-pd"), (s["profile"], s["pd_profile"])
+    # ... and per step, the profile of the layout that step ran (P/D: the pair's)
+    assert s["predictions"] and all(p["profile"] == ("cpu-tiny-runtime-pd" if "P" in p["layout"] else "cpu-tiny-runtime-x2") for p in s["predictions"]), s["predictions"]
 
 
 def test_a_lost_node_loses_no_trajectory_and_comes_back(node_loss):

@@ -90,7 +90,7 @@ class Bootstrap:
                 r.actor = host
 
     async def setup(self) -> None:
-        from models.builder import load_profiles
+        from models.builder import load_fewer_engine_profiles, load_profiles
         from planner.inputs import planning_inputs
         from planner.policies import get_policy
         from runtime.ray_runtime.env_worker import EnvWorker
@@ -109,7 +109,7 @@ class Bootstrap:
                 self.metrics.write("nodes_absent_at_start", resources=missing)
         spec, rt = self.spec, self.rt
         w = spec.workload
-        self.tracker = RuntimeTracker(spec, *load_profiles(spec), env_scale=1.0)
+        self.tracker = RuntimeTracker(spec, *load_profiles(spec), env_scale=1.0, base_fewer_engines=load_fewer_engine_profiles(spec))
         self.policy = get_policy(spec.policy.name)
         self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
         self.predicted_s = self.timeline_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts

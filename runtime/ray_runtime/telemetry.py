@@ -98,6 +98,7 @@ class RuntimeTracker:
     spec: ExperimentSpec
     base_profile: EngineProfile
     base_pd_profile: EngineProfile | None = None  # P/D instances' own profile, where the deployment names one
+    base_fewer_engines: dict[int, EngineProfile] | None = None  # colocated, fewer engines on a node (`profile_by_engines`; None: read them)
     env_scale: float = 1.0  # tool sleeps run at 1/time_scale: the predictor sees wall seconds
     alpha: float = 0.5
     speed: float = 1.0
@@ -108,7 +109,7 @@ class RuntimeTracker:
     def models(self, speed: float | None = None) -> ExperimentModels:
         """The refitted models, at the measured speed unless `speed` says another."""
         return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile,
-                            speed=self.speed if speed is None else speed)
+                            speed=self.speed if speed is None else speed, fewer_engines=self.base_fewer_engines)
 
     def record_transition(self, kind: str, seconds: float) -> None:
         old = self.transition_s.get(kind)

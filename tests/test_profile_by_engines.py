@@ -1,0 +1,78 @@
+"""A colocated layout is predicted with the profile measured with as many engines on a node as it
+runs (`profile_by_engines`): on a node whose engines share its cores, one engine alone runs
+faster than each of two, so a 1-engine layout priced on the 2-engine profile was over-predicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from models.builder import build_models, load_fewer_engine_profiles
+from models.config import ClusterSpec, ConfigError, ExperimentSpec, busiest_node_engines, load_experiment
+from models.step_latency import load_profile
+from planner.inputs import planning_inputs
+from runtime.ray_runtime.telemetry import RuntimeTracker
+
+BOTH = {1: "cpu-tiny-runtime-x1", 2: {"colocated": "cpu-tiny-runtime-x2", "disaggregated": "cpu-tiny-runtime-pd"}}
+
+
+def _deploy(config_tree: Path, by_engines: dict) -> ExperimentSpec:
+    path = config_tree / "experiments/cpu-tiny.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["profile_by_engines"] = by_engines
+    path.write_text(yaml.safe_dump(doc))
+    return load_experiment(path)
+
+
+def test_a_layout_of_fewer_engines_than_a_full_node_is_predicted_with_their_profile(config_tree: Path) -> None:
+    spec = _deploy(config_tree, BOTH)
+    assert spec.profile_name == "cpu-tiny-runtime-x2" and spec.colocated_by_engines == {1: ("cpu-tiny-runtime-x1", "profile_by_engines.1")}
+    assert [spec.profile_of_layout(r) for r in ("1C", "2C", "1P1D")] == ["cpu-tiny-runtime-x1", "cpu-tiny-runtime-x2", "cpu-tiny-runtime-pd"]
+    x1 = load_profile(config_tree / "profiles/cpu-tiny-runtime-x1.json")
+    keyed = build_models(spec).predictor
+    alone = build_models(spec, profile=x1, fewer_engines={}).predictor  # every count on the 1-engine profile
+    shared = build_models(spec, fewer_engines={}).predictor  # every count on the 2-engine profile, as before
+    assert alone.colocated(1).completion_s != pytest.approx(shared.colocated(1).completion_s, rel=0.02)  # the two profiles differ
+    assert keyed.colocated(1).completion_s == pytest.approx(alone.colocated(1).completion_s)
+    assert keyed.colocated(2).completion_s == pytest.approx(shared.colocated(2).completion_s)
+    assert keyed.colocated_engine_for(1).profile.name == "cpu-tiny-runtime-x1" and keyed.colocated_engine_for(2).profile.name == "cpu-tiny-runtime-x2"
+    # P/D instances keep the pair's profile
+    assert keyed.disaggregated(1, 1).completion_s == pytest.approx(shared.disaggregated(1, 1).completion_s)
+    # the planner's table, vectorised over counts, holds the same numbers
+    table = planning_inputs(build_models(spec), max_gpus=2).colocated
+    assert table.seconds[1] == pytest.approx(keyed.colocated(1).completion_s) and table.seconds[2] == pytest.approx(keyed.colocated(2).completion_s)
+    # a measured speed scales the fewer-engine profile too
+    assert build_models(spec, speed=1.5).predictor.colocated(1).completion_s == pytest.approx(
+        build_models(spec, profile=x1, fewer_engines={}, speed=1.5).predictor.colocated(1).completion_s)
+
+
+def test_the_runtime_tracker_refits_on_the_profile_of_the_layout_it_ran(config_tree: Path) -> None:
+    spec = _deploy(config_tree, BOTH)
+    x2, pd = (load_profile(config_tree / f"profiles/{n}.json") for n in ("cpu-tiny-runtime-x2", "cpu-tiny-runtime-pd"))
+    tracker = RuntimeTracker(spec, x2, pd, base_fewer_engines=load_fewer_engine_profiles(spec))
+    keyed = build_models(spec).predictor
+    assert tracker._layout_s("1C", 1.0) == pytest.approx(keyed.colocated(1).completion_s)
+    assert tracker._layout_s("2C", 1.0) == pytest.approx(keyed.colocated(2).completion_s)
+    # unset, the tracker reads them as the deployment names them
+    assert RuntimeTracker(spec, x2, pd)._layout_s("1C", 1.0) == pytest.approx(keyed.colocated(1).completion_s)
+
+
+def test_engines_on_the_busiest_node_spread_over_the_rollout_nodes() -> None:
+    two_by_two = ClusterSpec.model_validate({"nodes": [{"count": 2, "gpus_per_node": 2, "gpu": "cpu", "pool": "rollout"},
+                                                       {"count": 1, "gpus_per_node": 2, "gpu": "cpu", "pool": "training"}]})
+    assert [busiest_node_engines(two_by_two, n) for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
+
+
+def test_a_profile_for_more_engines_than_a_node_runs_is_one_clear_error(config_tree: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        _deploy(config_tree, {**BOTH, 3: "cpu-tiny-runtime-x2"})
+    assert info.value.field == "profile_by_engines.3" and "at most 2" in info.value.allowed and "cpu-2" in info.value.allowed
+
+
+def test_a_fewer_engine_profile_of_another_model_names_its_field(config_tree: Path) -> None:
+    spec = _deploy(config_tree, {**BOTH, 1: "h800-qwen3-8b"})
+    with pytest.raises(ConfigError) as info:
+        build_models(spec)
+    assert info.value.field == "profile_by_engines.1" and info.value.value == "h800-qwen3-8b"
