@@ -10,6 +10,12 @@ speed solved on the predictor, as the tracker solves a step's, is written beside
 colocated run every engine call's timestamps are read too, and the decode step ratio and the
 overhead outside the engine measured in place are written beside it (a diagnosis).
 
+A config's fewer-engine colocated profiles (`profile_by_engines` entries below a full node) are
+left out: this calibrates the full node's deployment, which the planner then serves with every
+slot. A fewer-engine profile is calibrated on a config whose nodes run that many engines
+(`--config configs/experiments/train-cpu-tiny-1engine.yaml --modes colocated
+--colocated-name cpu-tiny-deployed-x1 --out results/calibrate_deployment_1engine.json`).
+
 The calibration points are not the validation's: the defaults (batches 12 and 24, tool waits
 x0.5 and x0.2) share no batch size and no tool wait with `validate_predictor.py --batches
 4,8,16 --env-scales 1.0,0.1`, which then judges the profile on batches it never saw.
@@ -47,7 +53,7 @@ from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
 
 
-def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile],
+def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile, dict],
               run: int) -> tuple[list[dict], list[dict]]:
     """One runtime run of `mode` at the calibration points: its batches, each with its solved speed and its run's index, and the run's records."""
     rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode} run {run}] {m}", file=sys.stderr))
@@ -58,7 +64,7 @@ def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
     return [{**x, "run": run} for x in batches], records
 
 
-def pooled(spec: ExperimentSpec, mode: str, batches: list[dict], records: list[dict], bases: tuple[EngineProfile, EngineProfile]) -> tuple[float, InPlaceTerms | None]:
+def pooled(spec: ExperimentSpec, mode: str, batches: list[dict], records: list[dict], bases: tuple[EngineProfile, EngineProfile, dict]) -> tuple[float, InPlaceTerms | None]:
     """The mode's speed over every run's batches (`deployment_speed`: the median of their measured / predicted) and, colocated, the terms measured in place over every run's calls."""
     try:
         speed = deployment_speed([x["measured_s"] for x in batches], [x["predicted_base_s"] for x in batches])
@@ -83,7 +89,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
     try:
-        spec = load_experiment(args.config)
+        # the full node's deployment: fewer-engine profiles (profile_by_engines) left out, so that
+        # the planner serves colocated batches with every slot; a fewer-engine profile is
+        # calibrated on a config whose nodes run that many (train-cpu-tiny-1engine.yaml)
+        spec = load_experiment(args.config).model_copy(update={"colocated_by_engines": {}})
         points = vp.grid(args.batches, args.env_scales)
     except ConfigError as e:
         raise SystemExit(f"calibrate_deployment: error: {e}") from None
@@ -108,12 +117,12 @@ def main() -> None:
     with stdout_to_stderr(args.json):
         for run in range(args.runs):
             for mode in modes:
-                batches, records = calibrate(spec, mode, points, args.repeats, (base, base_pd), run)
+                batches, records = calibrate(spec, mode, points, args.repeats, (base, base_pd, {}), run)
                 measured[mode][0].extend(batches)
                 measured[mode][1].extend(records)
         for mode, (batches, records) in measured.items():
             mode_base = base if mode == "colocated" else base_pd
-            speed, terms = pooled(spec, mode, batches, records, (base, base_pd))
+            speed, terms = pooled(spec, mode, batches, records, (base, base_pd, {}))
             path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
             path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")
             entry: dict = {"base_profile": mode_base.name, "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4), "batches": batches}

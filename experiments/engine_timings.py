@@ -97,10 +97,12 @@ def main() -> None:
     except ConfigError as e:
         raise SystemExit(f"engine_timings: error: {e}") from None
     points = [(int(b), args.env_scale) for b in batches]
-    engine = vp.engine_mode(spec, args.mode)  # the deployment's profiles, as `pearl train` plans with them
-    profile = engine.profile
     with stdout_to_stderr(args.json):
         _, records = vp.measure(spec, args.mode, points, args.repeats, log=lambda m: None)
+    layouts = [r["ratio"] for r in records if r["record"] == "rollout_step"]
+    # the deployment's profile for the layout the batches ran, as `pearl train` plans with it
+    engine = vp.engine_mode(spec, args.mode, max(set(layouts), key=layouts.count) if layouts else "")
+    profile = engine.profile
     records = [r for r in records if r["record"] == "request"]
     per_turn = args.mode == "disaggregated"
     rows = summarize(records, engine, per_turn)

@@ -4,8 +4,11 @@ Each mode is one `pearl train` run of the Ray runtime (`Controller`) on real vll
 engines with the tiny model, on this machine's two cores: its agent loop, router, engine
 actors and environment actor are what the batches run through, nothing of this script's own.
 
-  colocated      policy `roll`: colocated engines on the two rollout slots (one per core;
-                 engine starts are priced at 0 so that the planner serves with both)
+  colocated      policy `roll`: as many colocated engines (one per core) as the planner
+                 predicts fastest, engine starts priced at 0: on this machine one engine (1C),
+                 predicted with the profile measured with one engine on the node
+                 (`profile_by_engines`); `--full-node` leaves the fewer-engine profiles out,
+                 and the planner then serves with both slots (2C), the full node's profile
   disaggregated  policy `rlboost+pd`: 1 prefill + 1 decode engine with the runtime's KV
                  connector (ExampleConnector)
 Each point is predicted for the layout the runtime reports it ran (colocated(n) or
@@ -26,7 +29,7 @@ profiled, which on this shared VM is the host's speed.
 
 Writes results/validate_predictor.json and .png and prints a table.
 
-usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 3] [--calibration-batches 12,24] [--json]
+usage: python experiments/validate_predictor.py [--batches 4,8,16] [--env-scales 1.0,0.1] [--repeats 3] [--calibration-batches 12,24] [--full-node] [--json]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,8 +55,8 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGI
 
 import numpy as np  # noqa: E402
 
-from models.builder import build_models, load_profiles  # noqa: E402
-from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, load_experiment  # noqa: E402
+from models.builder import build_models, load_fewer_engine_profiles, load_profiles  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, busiest_node_engines, load_experiment  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import base_of  # noqa: E402
 
@@ -142,28 +145,33 @@ def measure(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], re
     return rows, records
 
 
-def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float, profiles: tuple[Any, Any] | None = None, speed: float = 1.0) -> float:
+def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float, profiles: tuple[Any, Any, Any] | None = None, speed: float = 1.0) -> float:
     """The profile's prediction for the layout the runtime ran ("2C", "1P1D"; the deployment's
-    profiles unless `profiles` (colocated, P/D) names others, `speed` times slower; no refit)."""
+    profiles unless `profiles` (colocated, P/D, fewer-engine colocated by count) names others,
+    `speed` times slower; no refit)."""
     w = spec.workload.model_validate({**spec.workload.model_dump(), **point_workload(spec, batch, env_scale)})
-    profile, pd_profile = profiles if profiles is not None else (None, None)
-    p = build_models(spec.model_copy(update={"workload": w}), profile=profile, pd_profile=pd_profile, speed=speed).predictor
+    profile, pd_profile, fewer = profiles if profiles is not None else (None, None, None)
+    p = build_models(spec.model_copy(update={"workload": w}), profile=profile, pd_profile=pd_profile, speed=speed, fewer_engines=fewer).predictor
     pd = re.fullmatch(r"(\d+)P(\d+)D", ratio)
     if pd:
         return p.disaggregated(int(pd[1]), int(pd[2])).completion_s
     return p.colocated(int(ratio.rstrip("C"))).completion_s
 
 
-def engine_mode(spec: ExperimentSpec, mode: str) -> Any:
-    """The deployment profile's engine whose decode steps a mode's batches run on."""
+def engine_mode(spec: ExperimentSpec, mode: str, ratio: str = "") -> Any:
+    """The deployment profile's engine whose decode steps a mode's batches run on (colocated:
+    the one that predicts the layout `ratio`, '2C', whose engine count has a profile of its own)."""
     pred = build_models(spec).predictor
-    return pred.decode_engine if mode == "disaggregated" else pred.colocated_engine
+    if mode == "disaggregated":
+        return pred.decode_engine
+    count = re.fullmatch(r"(\d+)C", ratio)
+    return pred.colocated_engine_for(int(count[1])) if count else pred.colocated_engine
 
 
-def batch_decode_errors(records: list[dict[str, Any]], engine: Any) -> dict[int, float]:
+def batch_decode_errors(records: list[dict[str, Any]], engine_of: Callable[[str], Any]) -> dict[int, float]:
     """Per batch (its step): the profile's decode step against the engines' own in that batch,
     in % (experiments/engine_timings.py's reading of the `request` records, weighted by
-    requests). Not an input to any prediction: it says how much of a batch's error is the
+    requests; `engine_of` gives the profile's engine for the batch's layout). Not an input to any prediction: it says how much of a batch's error is the
     engines running at another speed than when they were profiled (the host's speed)."""
     import engine_timings as et
 
@@ -172,7 +180,7 @@ def batch_decode_errors(records: list[dict[str, Any]], engine: Any) -> dict[int,
     for end in (r for r in records if r["record"] == "rollout_step"):
         mine = [r for r in requests if begun < r["t"] <= end["t"]]  # staleness 0: batches never overlap
         begun = end["t"]
-        rows = [x for x in et.summarize(mine, engine) if "decode_error_pct" in x]
+        rows = [x for x in et.summarize(mine, engine_of(end.get("ratio", ""))) if "decode_error_pct" in x]
         if rows:
             out[int(end["step"])] = round(sum(x["decode_error_pct"] * x["requests"] for x in rows) / sum(x["requests"] for x in rows), 1)
     return out
@@ -187,7 +195,7 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
             raise SystemExit(f"validate_predictor: {mode}: the runtime ran {sorted({(r['mode'], r['ratio']) for r in mine})} at B={b}, not one {mode} layout")
         measured = statistics.median(r["rollout_s"] for r in mine)
         predicted = predict(spec, ratios[0], b, e)
-        out.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": ratios[0], "predicted_s": round(predicted, 4), "measured_s": round(measured, 4),
+        out.append({"batch": b, "env_s": round(spec.workload.env_latency_s.expected() * e, 6), "layout": ratios[0], "profile": spec.profile_of_layout(ratios[0]), "predicted_s": round(predicted, 4), "measured_s": round(measured, 4),
                     "error_pct": round((predicted - measured) / measured * 100, 2), "measured_each_s": [round(r["rollout_s"], 4) for r in mine],
                     "runtime_predicted_s": [None if not np.isfinite(r["predicted_s"]) else round(r["predicted_s"], 4) for r in mine]})
         seen = [engine_errors[r["step"]] for r in mine if engine_errors and r["step"] in engine_errors]
@@ -196,9 +204,9 @@ def points_of(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
     return out
 
 
-def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]], bases: tuple[Any, Any]) -> list[dict[str, Any]]:
+def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, rows: list[dict[str, Any]], bases: tuple[Any, Any, Any]) -> list[dict[str, Any]]:
     """Each calibration batch (`repeats` rows per point, in order) with its completion as
-    measured and as the base profiles (colocated, P/D) predict it for the layout it ran, and
+    measured and as the base profiles (colocated, P/D, fewer-engine colocated) predict it for the layout it ran, and
     the speed at which they predict what it measured (`models.speed.solve_speed`; ValueError
     if a batch ran another mode's layout)."""
     from models.speed import solve_speed
@@ -218,10 +226,10 @@ def calibration_batches(spec: ExperimentSpec, mode: str, points: list[tuple[int,
 
 
 def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, float]], repeats: int, cal_rows: list[dict[str, Any]], pts: list[dict[str, Any]],
-                 bases: tuple[Any, Any]) -> dict[str, Any]:
+                 bases: tuple[Any, Any, Any]) -> dict[str, Any]:
     """The deployment's speed measured on this run's calibration batches (other batch sizes and
     tool waits, run just before), as `experiments/calibrate_deployment.py` measures it, and each
-    validated point predicted at that speed from the base profiles (colocated, P/D): the
+    validated point predicted at that speed from the base profiles (colocated, P/D, fewer-engine colocated): the
     predictor judged with the host as it was then. Adds `in_run_predicted_s` and
     `in_run_error_pct` to every point."""
     from runtime.profiling_inplace import deployment_speed
@@ -235,7 +243,10 @@ def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, f
     for p in pts:
         p["in_run_predicted_s"] = round(predict(spec, p["layout"], p["batch"], p["env_s"] / scale if scale else 1.0, bases, speed), 4)
         p["in_run_error_pct"] = round((p["in_run_predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, 2)
-    return {"speed": round(speed, 4), "base_profile": bases[0].name if mode == "colocated" else bases[1].name, "calibration_points": calibration,
+    layouts = sorted({x["layout"] for x in batches})
+    based = {n: f.name for n, f in bases[2].items()}
+    named = {based.get(busiest_node_engines(spec.cluster, int(r[:-1])), bases[0].name) if r.endswith("C") else bases[1].name for r in layouts}
+    return {"speed": round(speed, 4), "base_profile": ", ".join(sorted(named)), "calibration_points": calibration,
             "calibration_ratios": [round(x["measured_s"] / x["predicted_base_s"], 4) for x in batches],
             "calibration_speeds": [x["speed"] for x in batches], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
 
@@ -272,12 +283,16 @@ def main() -> None:
     ap.add_argument("--calibration-batches", default="", help="also run these batch sizes first in each mode's run (with --calibration-env-scales) and judge predictions "
                     "scaled by the speed those batches measured (off when empty)")
     ap.add_argument("--calibration-env-scales", default="0.5,0.2", help="tool-latency multipliers of the in-run calibration batches")
+    ap.add_argument("--full-node", action="store_true", help="leave the config's fewer-engine colocated profiles out (profile_by_engines): the planner "
+                    "then serves colocated batches with a full node's engines, on that deployment's profile")
     ap.add_argument("--out", default=str(ROOT / "results/validate_predictor.json"))
     ap.add_argument("--json", action="store_true", help="print the result's summary as one JSON object on stdout (the table goes to stderr)")
     args = ap.parse_args()
 
     try:
         spec = load_experiment(args.config)
+        if args.full_node:
+            spec = spec.model_copy(update={"colocated_by_engines": {}})
         points, calibration = grid(args.batches, args.env_scales), grid(args.calibration_batches, args.calibration_env_scales)
     except ConfigError as e:
         raise SystemExit(f"validate_predictor: error: {e}") from None
@@ -293,7 +308,8 @@ def main() -> None:
         raise SystemExit(f"validate_predictor: error: --modes from {sorted(POLICY)}, --repeats >= 1")
     profile, pd_profile = load_profiles(spec)
     # what the in-run judgement scales: the profiles `pearl profile` measured, not a deployment profile's speed on top
-    bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"))
+    bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"),
+             {n: base_of(f, CONFIG_ROOT / "profiles") for n, f in load_fewer_engine_profiles(spec).items()})
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     result_modes: dict[str, Any] = {}
@@ -302,7 +318,7 @@ def main() -> None:
             before, cpu0 = host_probe_ms(), cpu_times()
             rows, records = measure(spec, mode, calibration + points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
             cal_rows, rows = rows[1: 1 + len(calibration) * args.repeats], rows[:1] + rows[1 + len(calibration) * args.repeats:]
-            pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, engine_mode(spec, mode)))
+            pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, lambda ratio, mode=mode: engine_mode(spec, mode, ratio)))
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
                                   "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}
             if calibration:
@@ -320,8 +336,9 @@ def main() -> None:
         "repeats": args.repeats,
         "profile": profile.name,
         "pd_profile": pd_profile.name if pd_profile is not None else None,
+        "fewer_engine_profiles": {n: name for n, (name, _) in spec.colocated_by_engines.items()},
         "profile_detail": {p.name: {"label": p.label, "machine": p.machine, "holdout_mape_pct": p.fit.get("holdout_mape_pct"), "repeat_noise_pct": p.fit.get("repeat_noise_pct")}
-                           for p in (profile, pd_profile) if p is not None},
+                           for p in (profile, pd_profile, *load_fewer_engine_profiles(spec).values()) if p is not None},
         "modes": result_modes,
         "targets": {"batch_completion_error_pct": 10.0},
         "max_abs_error_pct": max(abs(p["error_pct"]) for v in result_modes.values() for p in v["points"]),
@@ -336,7 +353,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"predicted vs measured batch completion through the runtime ({spec.name}; profiles {result['profile']}, {result['pd_profile']})")
+    t = Table(title=f"predicted vs measured batch completion through the runtime ({spec.name}; profiles "
+                f"{', '.join(sorted({p['profile'] for v in result_modes.values() for p in v['points']}))})")
     in_run = any("in_run" in v for v in result_modes.values())
     for c in ("mode", "layout", "B", "tool s", "measured s (each)", "predicted s", "error %", "engine decode step error %") + (("in-run speed: predicted s", "error %") if in_run else ()):
         t.add_column(c)

@@ -76,7 +76,7 @@ def test_validate_predictor_reads_each_batchs_engine_speed_from_its_own_requests
     slow = [{**_request("a", "full", 0.0, 11, 0.02, in_flight=2), "t": 0.5} for _ in range(2)]
     fast = [{**_request("a", "full", 5.0, 11, 0.003, in_flight=2), "t": 1.5} for _ in range(2)]
     ends = [{"record": "rollout_step", "step": 0, "t": 1.0}, {"record": "rollout_step", "step": 1, "t": 2.0}]
-    errors = vp.batch_decode_errors(slow + fast + ends, engine)
+    errors = vp.batch_decode_errors(slow + fast + ends, lambda ratio: engine)
     # each batch is judged on its own calls only: 20 ms steps make the profile optimistic, 3 ms ones pessimistic
     assert set(errors) == {0, 1} and errors[0] < 0 < errors[1]
     assert errors[0] == pytest.approx(et.summarize(slow, engine)[0]["decode_error_pct"], abs=0.05)

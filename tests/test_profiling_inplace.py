@@ -92,21 +92,43 @@ def test_the_validation_judges_in_run_at_the_speed_its_calibration_batches_measu
     spec = load_experiment(CONFIG)
     bases = (base_of(load_profile(CONFIG_ROOT / "profiles/cpu-tiny-deployed-x2.json"), CONFIG_ROOT / "profiles"), None)
     cal = [(12, 0.5), (24, 0.2)]
-    rows = [{"mode": "colocated", "ratio": "2C", "rollout_s": f * vp.predict(spec, "2C", b, e, (bases[0], bases[0]))} for (b, e) in cal for f in (1.1, 1.3)]
+    rows = [{"mode": "colocated", "ratio": "2C", "rollout_s": f * vp.predict(spec, "2C", b, e, (bases[0], bases[0], {}))} for (b, e) in cal for f in (1.1, 1.3)]
     pts = [{"batch": 4, "env_s": spec.workload.env_latency_s.expected() * 0.1, "layout": "2C", "measured_s": 1.0}]
-    out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts, (bases[0], bases[0]))
+    out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts, (bases[0], bases[0], {}))
     assert out["base_profile"] == "cpu-tiny-runtime-x2" and out["calibration_ratios"] == pytest.approx([1.1, 1.3, 1.1, 1.3], rel=1e-3)
     # beside each ratio, the speed at which the base profile predicts what the batch measured; its
     # tool waits do not scale, so that speed is further from 1 than the ratio
     for (b, e), (speed, row) in zip([c for c in cal for _ in (1, 2)], zip(out["calibration_speeds"], rows)):
-        assert vp.predict(spec, "2C", b, e, (bases[0], bases[0]), speed) == pytest.approx(row["rollout_s"], rel=2e-3)
+        assert vp.predict(spec, "2C", b, e, (bases[0], bases[0], {}), speed) == pytest.approx(row["rollout_s"], rel=2e-3)
     assert all(s > r for s, r in zip(out["calibration_speeds"], out["calibration_ratios"]))
     assert out["speed"] == pytest.approx(1.2, rel=1e-3)
-    assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "2C", 4, 0.1, (bases[0], bases[0]), out["speed"]), rel=1e-3)
+    assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "2C", 4, 0.1, (bases[0], bases[0], {}), out["speed"]), rel=1e-3)
     assert out["mean_abs_error_pct"] == pytest.approx(abs(pts[0]["in_run_error_pct"]), abs=0.01)
     # a calibration batch that ran another mode's layout is one clear error, not a speed
     with pytest.raises(SystemExit, match="validate_predictor: colocated: the runtime ran disaggregated 1P1D at calibration B=12"):
-        vp.judge_in_run(spec, "colocated", cal, 2, [{**rows[0], "mode": "disaggregated", "ratio": "1P1D"}] + rows[1:], pts, (bases[0], bases[0]))
+        vp.judge_in_run(spec, "colocated", cal, 2, [{**rows[0], "mode": "disaggregated", "ratio": "1P1D"}] + rows[1:], pts, (bases[0], bases[0], {}))
+
+
+def test_the_validation_judges_a_one_engine_layout_in_run_on_the_one_engine_base():
+    """A 1C batch on a two-slot node is predicted from the profile measured with one engine on
+    the node (`profile_by_engines`), in-run too: its speed is that base's, not the full node's."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import validate_predictor as vp
+
+    spec = load_experiment(CONFIG)
+    assert spec.colocated_by_engines, "train-cpu-tiny.yaml names a one-engine profile"
+    x2, x1 = (base_of(load_profile(CONFIG_ROOT / f"profiles/{n}.json"), CONFIG_ROOT / "profiles") for n in ("cpu-tiny-deployed-x2", "cpu-tiny-deployed-x1"))
+    assert (x2.name, x1.name) == ("cpu-tiny-runtime-x2", "cpu-tiny-runtime-x1")
+    bases = (x2, x2, {1: x1})
+    cal = [(12, 0.5), (24, 0.2)]
+    one_alone = (x1, x1, {})
+    rows = [{"mode": "colocated", "ratio": "1C", "rollout_s": 1.2 * vp.predict(spec, "1C", b, e, one_alone)} for (b, e) in cal for _ in (1, 2)]
+    pts = [{"batch": 4, "env_s": spec.workload.env_latency_s.expected() * 0.1, "layout": "1C", "measured_s": 1.0}]
+    out = vp.judge_in_run(spec, "colocated", cal, 2, rows, pts, bases)
+    assert out["base_profile"] == "cpu-tiny-runtime-x1" and out["calibration_ratios"] == pytest.approx([1.2] * 4, rel=1e-3)
+    assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "1C", 4, 0.1, one_alone, out["speed"]), rel=1e-3)
+    # the engine-speed diagnosis reads each batch against the engine of its own layout
+    assert [vp.engine_mode(spec, "colocated", r).profile.name for r in ("1C", "2C", "")] == ["cpu-tiny-deployed-x1", "cpu-tiny-deployed-x2", "cpu-tiny-deployed-x2"]
 
 
 def test_the_validation_refuses_to_calibrate_on_a_point_it_judges():
