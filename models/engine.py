@@ -327,6 +327,17 @@ class Engine:
             self.t = max(self.t, now)
             self._plan()
 
+    def retime(self, cfg: EngineConfig, now: float) -> None:
+        """Run at `cfg`'s step model from the next step boundary on: the engines that share this
+        one's node changed in number, and engines that share cores each run slower when more do
+        (`profile_by_engines`). A step under way ends at the old speed."""
+        self._sync(now, ceil=True)
+        self.cfg = cfg
+        self.__post_init__()
+        if self._kind == "idle":
+            self.t = max(self.t, now)
+            self._plan()
+
     def evict_all(self, now: float) -> list[Evicted]:
         """Take every request off (the step in progress is lost); the engine ends idle."""
         self._sync(now, ceil=False)

@@ -76,3 +76,44 @@ def test_a_fewer_engine_profile_of_another_model_names_its_field(config_tree: Pa
     with pytest.raises(ConfigError) as info:
         build_models(spec)
     assert info.value.field == "profile_by_engines.1" and info.value.value == "h800-qwen3-8b"
+
+
+def test_the_simulator_runs_a_lone_engine_at_the_profile_the_planner_priced_it_at(config_tree: Path) -> None:
+    """One colocated engine on the two-slot node: the planner prices it on the one-engine profile,
+    and the simulator's engine runs at that profile too (re-rated as the node's engines change),
+    not at a full node's."""
+    from runtime.sim.run import TraceFlags, simulate
+
+    spec = _deploy(config_tree, BOTH)
+    keyed = build_models(spec)
+    r = simulate(spec, "roll", TraceFlags(), hours=0.05, models=keyed)
+    assert {d[3]["ratio"] for d in r.decision_log if "ratio" in d[3]} == {"1C"}, r.decision_log[:3]
+    one, full = keyed.predictor.colocated(1).completion_s, build_models(spec, fewer_engines={}).predictor.colocated(1).completion_s
+    assert abs(r.mean_batch_s - one) < 0.05 * one and abs(r.mean_batch_s - full) > 0.1 * full, (r.mean_batch_s, one, full)
+
+
+def test_an_engine_retimed_mid_decode_runs_its_next_steps_at_the_new_speed() -> None:
+    from models.engine import Engine, EngineConfig, Request
+
+    spec = load_experiment("configs/experiments/cpu-tiny.yaml")
+    step = build_models(spec).predictor.colocated_engine
+    fast = EngineConfig.for_model(step, "colocated")
+    slow = EngineConfig.for_model(type(step)(step.llm, step.gpu, step.tp, step.profile.scaled(2.0)), "colocated")
+
+    def finish(retime_at: float | None) -> float:
+        e = Engine(fast)
+        e.submit(Request(0, 64, 0, 200), 0.0)
+        t, done = 0.0, None
+        while done is None:
+            nxt = e.next_event()
+            if retime_at is not None and retime_at < nxt:
+                e.retime(slow, retime_at)
+                retime_at = None
+                continue
+            t = nxt
+            done = next((o for o in e.on_event(t) if o.rid == 0), None)
+        return t
+
+    alone, halfway = finish(None), finish(finish(None) / 2)
+    # the second half of the decode ran at half the speed: about 1.5x in all
+    assert halfway == pytest.approx(1.5 * alone, rel=0.05)

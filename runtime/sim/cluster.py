@@ -98,8 +98,22 @@ class ClusterSide:
         if inst.engine is not None:
             self.busy_retired[inst.role] += inst.engine.stats.busy_s
             inst.engine = None
+            self._rerate(inst.nid)
         if inst.iid in self.ready[inst.role]:
             self.ready[inst.role].remove(inst.iid)
+
+    def _rerate(self, nid: int) -> None:
+        """A node's colocated engines run at the profile measured with as many engines on the
+        node as it now runs (`profile_by_engines`; else a full node's), as the predictor prices
+        a layout: re-rated whenever one starts or stops there."""
+        if not self.colocated_by_engines:
+            return
+        on_node = [i for i in self.instances.values() if i.nid == nid and i.engine is not None]
+        cfg = self.colocated_by_engines.get(len(on_node), self.cfg["colocated"])
+        for inst in on_node:
+            if inst.role == "colocated" and inst.engine.cfg is not cfg:
+                inst.engine.retime(cfg, self.now)
+                self._touch(inst)
 
     def _remove(self, inst: Instance) -> list[int]:
         resume = self._evict(inst)
@@ -131,6 +145,7 @@ class ClusterSide:
         inst.gen += 1
         node = self.nodes[inst.nid]
         inst.engine = Engine(self.kind_cfg.get((inst.role, node.gpu, len(inst.slots)), self.cfg[inst.role]), t=self.now)
+        self._rerate(inst.nid)
         self.ready[inst.role].append(inst.iid)
         self._flush()
 

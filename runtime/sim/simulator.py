@@ -86,6 +86,9 @@ class Simulator(RolloutSide, ClusterSide):
             for key, engine in models.engines().items()
         }
         self.cfg = {r: self.kind_cfg[(r, models.rollout_gpu, self.tp[r])] for r in ROLES}
+        # colocated engines measured with fewer engines on a node than a full one runs, by count (`_rerate`)
+        self.colocated_by_engines = {n: EngineConfig.for_model(engine, "colocated", memory_utilization, max_batched_tokens=max_batched_tokens)
+                                     for n, engine in models.predictor.colocated_by_engines}
         self.kv_bytes = float(arch.kv_bytes_per_token(spec.model))
         self.hit = spec.workload.prefix_cache_hit
         self.link_bps = spec.cluster.inter_node_gb_s * 1e9 * self.tp["prefill"]
