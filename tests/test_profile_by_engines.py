@@ -117,3 +117,29 @@ def test_an_engine_retimed_mid_decode_runs_its_next_steps_at_the_new_speed() -> 
     alone, halfway = finish(None), finish(finish(None) / 2)
     # the second half of the decode ran at half the speed: about 1.5x in all
     assert halfway == pytest.approx(1.5 * alone, rel=0.05)
+
+
+def test_rays_emulated_engines_are_rerated_by_the_engines_their_node_runs(config_tree: Path) -> None:
+    """The emulated backend's host re-rates its colocated engines as the simulator does: alone on
+    the node, the one-engine model; beside a second, a full node's; alone again after a stop."""
+    import asyncio
+
+    from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
+
+    models = build_models(_deploy(config_tree, BOTH))
+    full, alone = models.predictor.colocated_engine, models.predictor.colocated_engine_for(1)
+    assert full is not alone
+    settings = EmulatedSettings(full, time_scale=1000.0, role_switch_s=0.0, engine_start_s=0.0, engines=models.engines(),
+                                colocated_by_engines=models.predictor.colocated_by_engines, slot_node={0: "node0", 1: "node0", 2: "node1"})
+
+    async def scenario() -> list[list[object]]:
+        w = RolloutWorker("emulated", None, settings)
+        seen = []
+        for change in (w.start_slot(0, "colocated"), w.start_slot(2, "colocated"), w.start_slot(1, "colocated"), w.stop_slot(1)):
+            await change
+            seen.append([w.engines[s]._step_model for s in sorted(w.engines)])
+        for s in list(w.engines):
+            await w.stop_slot(s)
+        return seen
+
+    assert asyncio.run(scenario()) == [[alone], [alone, alone], [full, full, alone], [alone, alone]]

@@ -127,7 +127,8 @@ class Bootstrap:
             models = self.tracker.models()
             costs = models.costs
             self.emulated = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit,
-                                             engines=models.engines())
+                                             engines=models.engines(), colocated_by_engines=models.predictor.colocated_by_engines,
+                                             slot_node={sl.index: self.table.node_of[sl.gpu] for sl in self.table.slots})
             if self.address and len(set(self.slot_node.values())) > 1:
                 self._place_hosts(list(self.rec.values()))
             else:

@@ -310,6 +310,16 @@ class EmulatedEngine:
                 if p is not None and not p.done.done():
                     p.done.set_result((p.carried + out.generated, False))
 
+    def retime(self, step_model: Any) -> None:
+        """Run at `step_model` from the next step on (the engines sharing this one's node changed in number)."""
+        from models.engine import EngineConfig
+
+        if step_model is self._step_model:
+            return
+        self._step_model = step_model
+        self._model.retime(EngineConfig.for_model(step_model, self.role), self._now())
+        self._wake.set()
+
     async def abort(self, request_id: str) -> None:
         rid = self._by_name.get(request_id)
         if rid is None or rid not in self._pending:

@@ -42,6 +42,11 @@ class EmulatedSettings:
     engine_start_s: float = 20.0
     prefix_cache_hit: float = 1.0
     engines: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    # colocated step models measured with fewer engines on a node than a full one runs
+    # (`profile_by_engines`), by count, and each slot's planner node: a host re-rates its
+    # colocated engines by the engines their node runs, as the simulator does
+    colocated_by_engines: tuple[tuple[int, Any], ...] = ()
+    slot_node: dict[int, str] = field(default_factory=dict)
 
     def model_for(self, role: str, kind: Kind | None) -> Any:
         if kind is None:
@@ -129,6 +134,7 @@ class RolloutWorker:
         while self.blob is not None and engine.weight_version < self.version:  # a push during the start skipped this slot
             await engine.load_weights(self.blob, self.version)
         self.engines[slot] = engine
+        self._rerate()
         self.inflight.setdefault(slot, set())
         self.draining.discard(slot)
         self.started_s[slot] = time.perf_counter() - t0
@@ -144,7 +150,21 @@ class RolloutWorker:
         engine = self.engines.pop(slot, None)
         if engine is not None:
             await engine.shutdown()
+            self._rerate()
         return aborted
+
+    def _rerate(self) -> None:
+        """Emulated colocated engines run at the step model of the engines their node now runs
+        (`EmulatedSettings.colocated_by_engines`, else a full node's), as the predictor prices
+        the layout and the simulator re-rates (`runtime/sim/cluster.py`); from the next step."""
+        e = self.emulated
+        if self.backend != "emulated" or e is None or not e.colocated_by_engines:
+            return
+        per_node = Counter(e.slot_node.get(s, str(s)) for s in self.engines)
+        fewer = dict(e.colocated_by_engines)
+        for slot, engine in self.engines.items():
+            if engine.role == "colocated":
+                engine.retime(fewer.get(per_node[e.slot_node.get(slot, str(slot))]) or e.model_for("colocated", self.kinds.get(slot)))
 
     async def drain(self, slot: int) -> list[str]:
         """Stop taking requests and interrupt the in-flight ones; their generated prefixes return to callers."""
