@@ -38,12 +38,12 @@ def predict(
     best = min((k for k, ok in feasible.items() if ok), key=lambda k: col.completion_s if k == "colocated" else dis.completion_s, default=None)
     out = {
         "colocated": {"feasible": col_why is None, "reason": col_why, "completion_s": round(col.completion_s, 3), "instances": n_col,
-                      "mean_decode_concurrency": round(col.mean_concurrency, 2)},
+                      "mean_decode_concurrency": round(col.mean_concurrency, 2), "profile": spec.colocated_profile_name(n_col)},
         "disaggregated": {
             "feasible": dis_why is None, "reason": dis_why,
             "completion_s": round(dis.completion_s, 3), "prefill": dis.prefill, "decode": dis.decode,
             "prefill_path_s": round(dis.prefill_path_s, 3), "decode_path_s": round(dis.decode_path_s, 3),
-            "prefill_queue_s": round(dis.prefill_queue_s, 3),
+            "prefill_queue_s": round(dis.prefill_queue_s, 3), "profile": spec.pd_profile_name or spec.profile_name,
         },
         "feasible": best is not None,
         "best": best,
@@ -61,9 +61,9 @@ def predict(
     t = Table(title=f"{spec.name}: {spec.model_name}, batch {out['batch']}, {n_gpus} rollout {m.rollout_gpu} GPUs (profile {m.profile.name}, {m.profile.label})")
     for col_name in ("mode", "instances", "completion (s)", "detail"):
         t.add_column(col_name)
-    t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", _seconds(col.completion_s, col_why), col_why or f"mean decode concurrency {col.mean_concurrency:.1f}/instance")
+    t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", _seconds(col.completion_s, col_why), col_why or f"mean decode concurrency {col.mean_concurrency:.1f}/instance; profile {out['colocated']['profile']}")
     t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", _seconds(dis.completion_s, dis_why),
-              dis_why or f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s")
+              dis_why or f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s; profile {out['disaggregated']['profile']}")
     Console().print(t)
     if best is None:
         Console().print("best: [bold]none[/bold] (no mode is feasible)")
