@@ -101,7 +101,7 @@ def main() -> None:
         _, records = vp.measure(spec, args.mode, points, args.repeats, log=lambda m: None)
     layouts = [r["ratio"] for r in records if r["record"] == "rollout_step"]
     # the deployment's profile for the layout the batches ran, as `pearl train` plans with it
-    engine = vp.engine_mode(spec, args.mode, max(set(layouts), key=layouts.count) if layouts else "")
+    engine = vp.engine_mode(spec, args.mode)(max(set(layouts), key=layouts.count) if layouts else "")
     profile = engine.profile
     records = [r for r in records if r["record"] == "request"]
     per_turn = args.mode == "disaggregated"

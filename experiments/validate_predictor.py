@@ -39,7 +39,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -56,7 +55,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGI
 import numpy as np  # noqa: E402
 
 from models.builder import build_models, load_fewer_engine_profiles, load_profiles  # noqa: E402
-from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, busiest_node_engines, load_experiment  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, layout_counts, load_experiment  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import base_of  # noqa: E402
 
@@ -152,20 +151,24 @@ def predict(spec: ExperimentSpec, ratio: str, batch: int, env_scale: float, prof
     w = spec.workload.model_validate({**spec.workload.model_dump(), **point_workload(spec, batch, env_scale)})
     profile, pd_profile, fewer = profiles if profiles is not None else (None, None, None)
     p = build_models(spec.model_copy(update={"workload": w}), profile=profile, pd_profile=pd_profile, speed=speed, fewer_engines=fewer).predictor
-    pd = re.fullmatch(r"(\d+)P(\d+)D", ratio)
-    if pd:
-        return p.disaggregated(int(pd[1]), int(pd[2])).completion_s
-    return p.colocated(int(ratio.rstrip("C"))).completion_s
+    counts = layout_counts(ratio)
+    if counts is None:
+        raise ValueError(f"not a layout label: {ratio!r}")
+    return p.colocated(counts[0]).completion_s if counts[0] else p.disaggregated(counts[1], counts[2]).completion_s
 
 
-def engine_mode(spec: ExperimentSpec, mode: str, ratio: str = "") -> Any:
-    """The deployment profile's engine whose decode steps a mode's batches run on (colocated:
-    the one that predicts the layout `ratio`, '2C', whose engine count has a profile of its own)."""
+def engine_mode(spec: ExperimentSpec, mode: str) -> Callable[[str], Any]:
+    """Per layout label ('2C'; '' or another form: a full node's), the deployment profile's engine
+    whose decode steps a mode's batches run on (colocated: the one of the layout's engine count)."""
     pred = build_models(spec).predictor
-    if mode == "disaggregated":
-        return pred.decode_engine
-    count = re.fullmatch(r"(\d+)C", ratio)
-    return pred.colocated_engine_for(int(count[1])) if count else pred.colocated_engine
+
+    def engine_of(ratio: str) -> Any:
+        if mode == "disaggregated":
+            return pred.decode_engine
+        counts = layout_counts(ratio)
+        return pred.colocated_engine_for(counts[0]) if counts and counts[0] else pred.colocated_engine
+
+    return engine_of
 
 
 def batch_decode_errors(records: list[dict[str, Any]], engine_of: Callable[[str], Any]) -> dict[int, float]:
@@ -243,9 +246,8 @@ def judge_in_run(spec: ExperimentSpec, mode: str, calibration: list[tuple[int, f
     for p in pts:
         p["in_run_predicted_s"] = round(predict(spec, p["layout"], p["batch"], p["env_s"] / scale if scale else 1.0, bases, speed), 4)
         p["in_run_error_pct"] = round((p["in_run_predicted_s"] - p["measured_s"]) / p["measured_s"] * 100, 2)
-    layouts = sorted({x["layout"] for x in batches})
-    based = {n: f.name for n, f in bases[2].items()}
-    named = {based.get(busiest_node_engines(spec.cluster, int(r[:-1])), bases[0].name) if r.endswith("C") else bases[1].name for r in layouts}
+    base = build_models(spec, profile=bases[0], pd_profile=bases[1], fewer_engines=bases[2]).predictor
+    named = {base.colocated_engine_for(c).profile.name if c else bases[1].name for c, _, _ in filter(None, map(layout_counts, {x["layout"] for x in batches}))}
     return {"speed": round(speed, 4), "base_profile": ", ".join(sorted(named)), "calibration_points": calibration,
             "calibration_ratios": [round(x["measured_s"] / x["predicted_base_s"], 4) for x in batches],
             "calibration_speeds": [x["speed"] for x in batches], "mean_abs_error_pct": round(float(np.mean([abs(p["in_run_error_pct"]) for p in pts])), 2)}
@@ -308,8 +310,9 @@ def main() -> None:
         raise SystemExit(f"validate_predictor: error: --modes from {sorted(POLICY)}, --repeats >= 1")
     profile, pd_profile = load_profiles(spec)
     # what the in-run judgement scales: the profiles `pearl profile` measured, not a deployment profile's speed on top
+    fewer = load_fewer_engine_profiles(spec)
     bases = (base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles"),
-             {n: base_of(f, CONFIG_ROOT / "profiles") for n, f in load_fewer_engine_profiles(spec).items()})
+             {n: base_of(f, CONFIG_ROOT / "profiles") for n, f in fewer.items()})
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     result_modes: dict[str, Any] = {}
@@ -318,7 +321,7 @@ def main() -> None:
             before, cpu0 = host_probe_ms(), cpu_times()
             rows, records = measure(spec, mode, calibration + points, args.repeats, log=lambda m: print(f"[{mode}] {m}", file=sys.stderr))
             cal_rows, rows = rows[1: 1 + len(calibration) * args.repeats], rows[:1] + rows[1 + len(calibration) * args.repeats:]
-            pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, lambda ratio, mode=mode: engine_mode(spec, mode, ratio)))
+            pts = points_of(spec, mode, points, args.repeats, rows, batch_decode_errors(records, engine_mode(spec, mode)))
             result_modes[mode] = {"mean_abs_error_pct": round(float(np.mean([abs(p["error_pct"]) for p in pts])), 2), "policy": POLICY[mode], "points": pts,
                                   "host_probe_ms": [before, host_probe_ms()], "steal_pct": steal_pct(cpu0, cpu_times())}
             if calibration:
@@ -338,7 +341,7 @@ def main() -> None:
         "pd_profile": pd_profile.name if pd_profile is not None else None,
         "fewer_engine_profiles": {n: name for n, (name, _) in spec.colocated_by_engines.items()},
         "profile_detail": {p.name: {"label": p.label, "machine": p.machine, "holdout_mape_pct": p.fit.get("holdout_mape_pct"), "repeat_noise_pct": p.fit.get("repeat_noise_pct")}
-                           for p in (profile, pd_profile, *load_fewer_engine_profiles(spec).values()) if p is not None},
+                           for p in (profile, pd_profile, *fewer.values()) if p is not None},
         "modes": result_modes,
         "targets": {"batch_completion_error_pct": 10.0},
         "max_abs_error_pct": max(abs(p["error_pct"]) for v in result_modes.values() for p in v["points"]),

@@ -8,6 +8,7 @@ file, the field, the bad value and what is allowed, so the CLI can print one lin
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -510,16 +511,15 @@ class ExperimentSpec(Frozen):
     def colocated_profile_name(self, instances: int) -> str:
         """The profile that predicts `instances` colocated instances: the one measured with as
         many engines on a node as the busiest node then runs, else the full node's."""
-        named = self.colocated_by_engines.get(busiest_node_engines(self.cluster, instances))
+        named = self.colocated_by_engines.get(busiest_node_engines(instances, rollout_nodes(self.cluster)))
         return named[0] if named else self.profile_name
 
     def profile_of_layout(self, ratio: str) -> str:
         """The profile that predicted a layout label ('1C', '1P1D'; '' or another form: the experiment's)."""
-        if ratio.endswith("C") and ratio[:-1].isdigit():
-            return self.colocated_profile_name(int(ratio[:-1]))
-        if "P" in ratio and ratio.endswith("D"):
-            return self.pd_profile_name or self.profile_name
-        return self.profile_name
+        counts = layout_counts(ratio)
+        if counts is None:
+            return self.profile_name
+        return self.colocated_profile_name(counts[0]) if counts[0] else self.pd_profile_name or self.profile_name
 
 
 class DeploymentProfiles(Frozen):
@@ -850,22 +850,35 @@ def rollout_gpu(cluster: ClusterSpec) -> str:
     return next((g.gpu for g in cluster.nodes if g.pool in ("rollout", "elastic")), cluster.nodes[0].gpu if cluster.nodes else "")
 
 
+LAYOUT = re.compile(r"(\d+)C|(\d+)P(\d+)D")  # a layout label, as Decision.ratio and SlotTable.ratio write it: '2C', '1P1D'
+
+
+def layout_counts(ratio: str) -> tuple[int, int, int] | None:
+    """(colocated, prefill, decode) instances of a layout label ('2C', '1P1D'); None for any other form."""
+    m = LAYOUT.fullmatch(ratio)
+    if m is None:
+        return None
+    return (int(m[1]), 0, 0) if m[1] else (0, int(m[2]), int(m[3]))
+
+
+def _rollout_groups(cluster: ClusterSpec) -> list[NodeGroup]:
+    """The node groups that host rollout engines of their own (rollout and elastic pools; every group where there are none)."""
+    return [g for g in cluster.nodes if g.pool in ("rollout", "elastic")] or list(cluster.nodes)
+
+
 def rollout_nodes(cluster: ClusterSpec) -> int:
-    """Nodes that host rollout engines of their own (rollout and elastic pools; every node where there are none)."""
-    nodes = [g for g in cluster.nodes if g.pool in ("rollout", "elastic")] or list(cluster.nodes)
-    return max(1, sum(g.count for g in nodes))
+    return max(1, sum(g.count for g in _rollout_groups(cluster)))
 
 
-def busiest_node_engines(cluster: ClusterSpec, instances: int) -> int:
-    """Colocated engines on the busiest node when `instances` of them spread over the rollout
+def busiest_node_engines(instances: int, nodes: int) -> int:
+    """Colocated engines on the busiest node when `instances` of them spread over `nodes` rollout
     nodes: the deployment whose profile predicts them (`profile_by_engines`)."""
-    return max(1, -(-instances // rollout_nodes(cluster)))
+    return max(1, -(-int(instances) // nodes))
 
 
 def engines_per_node(cluster: ClusterSpec) -> int:
     """Colocated engines that share one rollout node when it is fully used: the deployment a profile must match."""
-    nodes = [g for g in cluster.nodes if g.pool in ("rollout", "elastic")] or list(cluster.nodes)
-    return max(1, nodes[0].gpus_per_node // cluster.tp.colocated[0])
+    return max(1, _rollout_groups(cluster)[0].gpus_per_node // cluster.tp.colocated[0])
 
 
 def default_profile_name(gpu: str, model: str) -> str:

@@ -265,6 +265,10 @@ class Engine:
     _hold: float = 0.0  # no step starts before this (weight sync)
 
     def __post_init__(self) -> None:
+        self._rate()
+
+    def _rate(self) -> None:
+        """The step costs of `cfg`'s step model."""
         self.cost = _cost_of(self.cfg.step)
         # a measured P -> D takeover (P/D profiles): decode instances pay it when arrivals join
         self._handoff = self.cfg.step.profile.kv_handoff if self.cfg.role == "decode" else None
@@ -333,7 +337,7 @@ class Engine:
         (`profile_by_engines`). A step under way ends at the old speed."""
         self._sync(now, ceil=True)
         self.cfg = cfg
-        self.__post_init__()
+        self._rate()
         if self._kind == "idle":
             self.t = max(self.t, now)
             self._plan()

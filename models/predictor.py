@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models import architecture as arch
-from models.config import WorkloadSpec
+from models.config import WorkloadSpec, busiest_node_engines
 from models.step_latency import StepLatencyModel
 
 FIXED_POINT_ITERS = 40
@@ -255,7 +255,7 @@ class RolloutPredictor:
 
     def colocated_engine_for(self, n: int) -> StepLatencyModel:
         """The step model n colocated instances run at (class docstring)."""
-        return dict(self.colocated_by_engines).get(max(1, -(-int(n) // self.rollout_nodes)), self.colocated_engine)
+        return dict(self.colocated_by_engines).get(busiest_node_engines(n, self.rollout_nodes), self.colocated_engine)
 
     # -- memory pressure: the share of each prefix an instance still caches
     def _pressured(self, engine: StepLatencyModel, m: np.ndarray, new: np.ndarray, prefix: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from models.builder import build_models, load_fewer_engine_profiles
-from models.config import ClusterSpec, ConfigError, ExperimentSpec, busiest_node_engines, load_experiment
+from models.config import ClusterSpec, ConfigError, ExperimentSpec, busiest_node_engines, layout_counts, load_experiment, rollout_nodes
 from models.step_latency import load_profile
 from planner.inputs import planning_inputs
 from runtime.ray_runtime.telemetry import RuntimeTracker
@@ -62,7 +62,12 @@ def test_the_runtime_tracker_refits_on_the_profile_of_the_layout_it_ran(config_t
 def test_engines_on_the_busiest_node_spread_over_the_rollout_nodes() -> None:
     two_by_two = ClusterSpec.model_validate({"nodes": [{"count": 2, "gpus_per_node": 2, "gpu": "cpu", "pool": "rollout"},
                                                        {"count": 1, "gpus_per_node": 2, "gpu": "cpu", "pool": "training"}]})
-    assert [busiest_node_engines(two_by_two, n) for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert rollout_nodes(two_by_two) == 2  # the training node hosts no engines of its own
+    assert [busiest_node_engines(n, rollout_nodes(two_by_two)) for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
+
+
+def test_layout_labels_parse_to_instance_counts() -> None:
+    assert [layout_counts(r) for r in ("2C", "1P3D", "", "2C1P", "C")] == [(2, 0, 0), (0, 1, 3), None, None, None]
 
 
 def test_a_profile_for_more_engines_than_a_node_runs_is_one_clear_error(config_tree: Path) -> None:

@@ -128,7 +128,7 @@ def test_the_validation_judges_a_one_engine_layout_in_run_on_the_one_engine_base
     assert out["base_profile"] == "cpu-tiny-runtime-x1" and out["calibration_ratios"] == pytest.approx([1.2] * 4, rel=1e-3)
     assert pts[0]["in_run_predicted_s"] == pytest.approx(vp.predict(spec, "1C", 4, 0.1, one_alone, out["speed"]), rel=1e-3)
     # the engine-speed diagnosis reads each batch against the engine of its own layout
-    assert [vp.engine_mode(spec, "colocated", r).profile.name for r in ("1C", "2C", "")] == ["cpu-tiny-deployed-x1", "cpu-tiny-deployed-x2", "cpu-tiny-deployed-x2"]
+    assert [vp.engine_mode(spec, "colocated")(r).profile.name for r in ("1C", "2C", "")] == ["cpu-tiny-deployed-x1", "cpu-tiny-deployed-x2", "cpu-tiny-deployed-x2"]
 
 
 def test_the_validation_refuses_to_calibrate_on_a_point_it_judges():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from models.builder import ExperimentModels, build_models, is_mixed
-from models.config import Distribution, ExperimentSpec
+from models.config import Distribution, ExperimentSpec, layout_counts
 from models.speed import SPEED_RANGE, solve_speed
 from models.step_latency import EngineProfile
 
@@ -88,7 +87,6 @@ def _with_mean(d: Distribution, mean: float) -> Distribution:
     return d.model_copy(update=upd)
 
 
-_LAYOUT = re.compile(r"(\d+)C|(\d+)P(\d+)D")  # a layout label, as Decision.ratio and SlotTable.ratio write it: '2C', '1P1D'
 
 
 @dataclass
@@ -131,11 +129,11 @@ class RuntimeTracker:
 
     def _layout_s(self, ratio: str, speed: float) -> float | None:
         """A fresh batch's predicted completion for a layout label ('2C', '1P1D') at `speed`; None where it has none."""
-        m = _LAYOUT.fullmatch(ratio)
-        if m is None:
+        counts = layout_counts(ratio)
+        if counts is None:
             return None
         predictor = self.models(speed).predictor
-        p = predictor.colocated(int(m[1])) if m[1] else predictor.disaggregated(int(m[2]), int(m[3]))
+        p = predictor.colocated(counts[0]) if counts[0] else predictor.disaggregated(counts[1], counts[2])
         return p.completion_s if math.isfinite(p.completion_s) else None
 
     def observe(self, t: StepTelemetry) -> ExperimentSpec:
