@@ -368,7 +368,8 @@ def main() -> None:
                       *((f"{p['in_run_predicted_s']:.3f}", f"{p['in_run_error_pct']:+.1f}") if "in_run_predicted_s" in p else ()))
     console = Console(width=160, stderr=args.json)
     console.print(t)
-    console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" for m, v in result_modes.items()) + " (target <= 10%)")
+    console.print("mean |error| per mode: " + ", ".join(f"{m} {v['mean_abs_error_pct']:.1f}%" + ("" if v["steal_pct"] is None else f" (steal {v['steal_pct']:.2f}%)")
+                                                          for m, v in result_modes.items()) + " (target <= 10%; steal: the CPU time the hypervisor gave other guests)")
     if in_run:
         console.print("at the speed this run's calibration batches measured: " + ", ".join(f"{m} x{v['in_run']['speed']:.3f} {v['in_run']['mean_abs_error_pct']:.1f}%" for m, v in result_modes.items() if "in_run" in v))
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)

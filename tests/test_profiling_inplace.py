@@ -145,3 +145,21 @@ def test_the_calibration_refuses_a_number_of_runs_it_cannot_take():
     for runs in ("0", "21"):
         proc = subprocess.run([sys.executable, "experiments/calibrate_deployment.py", "--runs", runs], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--runs 1-20" in proc.stderr and f", {runs}, " in proc.stderr, proc.stderr
+
+
+def test_a_calibration_run_on_a_contended_host_is_measured_again_and_then_refused(monkeypatch):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import calibrate_deployment as cd
+
+    steals = iter([5.0, 0.3])
+    monkeypatch.setattr(cd, "calibrate", lambda *a: ([{"run": a[-1], "steal_pct": (s := next(steals))}], [], s))
+    batches, _, rejected = cd.quiet_run(None, "colocated", [(12, 0.5)], 2, (None, None, {}), 0, 1.0, 3)
+    assert batches == [{"run": 0, "steal_pct": 0.3}] and rejected == [5.0]
+    monkeypatch.setattr(cd, "calibrate", lambda *a: ([], [], None))  # no /proc/stat: nothing to judge the host by, the run counts
+    assert cd.quiet_run(None, "colocated", [(12, 0.5)], 2, (None, None, {}), 1, 1.0, 3)[2] == []
+    steals = iter([2.5, 3.0, 4.5])
+    monkeypatch.setattr(cd, "calibrate", lambda *a: ([], [], next(steals)))
+    with pytest.raises(SystemExit, match=r"disaggregated run 2: the hypervisor took 2.50%, 3.00%, 4.50% of the CPU time in 3 runs \(--max-steal-pct 1\)"):
+        cd.quiet_run(None, "disaggregated", [(12, 0.5)], 2, (None, None, {}), 2, 1.0, 3)
+    proc = subprocess.run([sys.executable, "experiments/calibrate_deployment.py", "--max-steal-pct", "101"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--max-steal-pct 0-100" in proc.stderr, proc.stderr
