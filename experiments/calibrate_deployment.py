@@ -55,6 +55,7 @@ import validate_predictor as vp  # noqa: E402  (sets the engines' environment fi
 from models.builder import build_models, load_profiles  # noqa: E402
 from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, load_experiment  # noqa: E402
 from models.step_latency import EngineProfile  # noqa: E402
+from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
 
@@ -63,10 +64,10 @@ def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], 
               run: int) -> tuple[list[dict], list[dict], float | None]:
     """One runtime run of `mode` at the calibration points: its batches, each with its solved
     speed, its run's index and the share of CPU time the hypervisor took meanwhile; the run's
-    records; that share (`validate_predictor.steal_pct`, None where /proc/stat is missing)."""
-    cpu0 = vp.cpu_times()
+    records; that share (`runtime.host_steal.steal_pct`, None where /proc/stat is missing)."""
+    cpu0 = cpu_times()
     rows, records = vp.measure(spec, mode, points, repeats, log=lambda m: print(f"[calibrate {mode} run {run}] {m}", file=sys.stderr))
-    steal = vp.steal_pct(cpu0, vp.cpu_times())
+    steal = steal_pct(cpu0, cpu_times())
     try:
         batches = vp.calibration_batches(spec, mode, points, repeats, rows[1:], bases)  # the first batch warms up
     except ValueError as e:

@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 from models.builder import build_models, load_fewer_engine_profiles, load_profiles  # noqa: E402
 from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, layout_counts, load_experiment  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
+from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
 from runtime.profiling_inplace import base_of  # noqa: E402
 
 POLICY = {"colocated": "roll", "disaggregated": "rlboost+pd"}
@@ -79,23 +80,6 @@ def host_probe_ms() -> float:
             a @ a
         times.append((time.perf_counter() - t0) * 1000.0)
     return round(statistics.median(times[1:]), 1)
-
-
-def cpu_times() -> tuple[float, float]:
-    """(steal, total) jiffies of this machine's CPUs (/proc/stat; zeros where there is none): the
-    time a hypervisor gave this VM's CPUs to another guest, beside all time."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    return (fields[7] if len(fields) > 7 else 0.0), sum(fields[:8])
-
-
-def steal_pct(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    """Share of CPU time stolen by the hypervisor between two `cpu_times` readings, in %."""
-    total = after[1] - before[1]
-    return round((after[0] - before[0]) / total * 100, 2) if total > 0 else None
 
 
 def grid(batches: str, env_scales: str) -> list[tuple[int, float]]:

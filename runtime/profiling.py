@@ -41,7 +41,8 @@ Samples file (JSONL, written by models.fit.write_samples, read by `pearl fit`):
                        each measured while the other served its own role back to back;
                        "pd": the same with the other engine idle, samples before 2026-12-02)},
       "engine_start_s": seconds, "wall_s": seconds the whole run took,
-      "load_avg": [1-min load average at start, at end] (contention on a shared machine)}}
+      "load_avg": [1-min load average at start, at end] (contention on a shared machine),
+      "steal_pct": the share of CPU time the hypervisor gave other guests meanwhile, % (null: no /proc/stat)}}
   then one object per measured step shape:
       {"kind": "prefill" | "decode",
        "prefill_tokens": new tokens prefilled in the step (sum over requests),
@@ -74,6 +75,7 @@ import numpy as np
 
 from models.config import ConfigError
 from models.fit import StepSample
+from runtime.host_steal import cpu_times, steal_pct
 
 
 @dataclass(frozen=True)
@@ -384,7 +386,7 @@ def profile_engine(
         profiler = RuntimeProfiler(settings)
     else:
         profiler = EngineProfiler(settings)
-    load0 = os.getloadavg()[0]
+    load0, cpu0 = os.getloadavg()[0], cpu_times()
     t0 = time.perf_counter()
     profiler.start()
     samples: list[StepSample] = []
@@ -412,7 +414,8 @@ def profile_engine(
         samples = merged_requests(samples)
     finally:
         profiler.close()
-    facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    facts = {"engine_start_s": round(profiler.engine_start_s, 2), "wall_s": round(time.perf_counter() - t0, 1), "points": len(points), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+             "steal_pct": steal_pct(cpu0, cpu_times())}
     return samples, facts
 
 
@@ -462,4 +465,5 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
         "engine_start_s": facts["engine_start_s"],
         "wall_s": facts["wall_s"],
         "load_avg": facts["load_avg"],
+        "steal_pct": facts.get("steal_pct"),
     }

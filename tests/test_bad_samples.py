@@ -78,6 +78,7 @@ EXPECTED = {
     "header-engine-not-object.jsonl": "header.engine",
     "header-batched-tokens-negative.jsonl": "header.engine.max_num_batched_tokens",
     "header-load-avg-number.jsonl": "header.load_avg",
+    "header-steal-out-of-range.jsonl": "header.steal_pct",
     "header-model-unknown.jsonl": "header.model",
     "header-model-missing.jsonl": "header.model",
     "header-model-list.jsonl": "header.model",

@@ -64,6 +64,7 @@ def test_profile_writes_real_step_timings(profiled) -> None:
     assert header["model"] == "tiny" and header["hardware"] == "cpu" and header["tp"] == 1
     assert header["machine_detail"]["vllm"] and header["grid"]["name"] == "tiny" and header["date"]
     assert header["engine"]["clock"] == "thread" and header["grid"]["repeats"] == 5
+    assert isinstance(header["steal_pct"], float) and 0 <= header["steal_pct"] <= 100  # the host's contention meanwhile (Linux: /proc/stat)
     prefill = [s for s in samples if s.kind == "prefill"]
     decode = [s for s in samples if s.kind == "decode"]
     assert len(prefill) == len(decode) == header["grid"]["points"] == 8
@@ -149,6 +150,7 @@ def test_fit_on_profiled_samples_writes_loadable_profile(profiled, tmp_path: Pat
     prof = load_profile(out)
     assert prof.label == "measured" and prof.model == "tiny" and prof.hardware == "cpu"
     assert prof.machine and "vllm" in prof.machine
+    assert "hypervisor steal" in json.loads(out.read_text())["notes"]
 
 
 def test_fit_on_shipped_samples_predicts_held_out_steps(tmp_path: Path) -> None:

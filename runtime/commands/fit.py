@@ -46,6 +46,8 @@ def _check_header(samples: Path, header: dict) -> None:
         check_number(samples, f"header.load_avg[{i}]", v, 0, 1e6)
     if "load_avg" in header and len(header["load_avg"]) != 2:
         raise ConfigError(samples, "header.load_avg", brief_value(header["load_avg"]), "[before, after]: two load averages")
+    if header.get("steal_pct") is not None:
+        check_number(samples, "header.steal_pct", header["steal_pct"], 0, 100)
     engine = header.get("engine") or {}
     if not isinstance(engine.get("clock", ""), str):
         raise ConfigError(samples, "header.engine.clock", brief_value(engine["clock"]), "wall, thread, served or runtime")
@@ -108,6 +110,8 @@ def fit(
     if header.get("load_avg"):
         cores = (header.get("machine_detail") or {}).get("cores", "?")
         notes.append(f"load average while profiling {header['load_avg'][0]} -> {header['load_avg'][1]} on {cores} cores")
+    if header.get("steal_pct") is not None:
+        notes.append(f"hypervisor steal {header['steal_pct']}% of the CPU time")
     data["notes"] = "; ".join(notes)
     if header.get("engine"):
         data["fit"]["engine"] = header["engine"]
