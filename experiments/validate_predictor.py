@@ -56,8 +56,8 @@ import numpy as np  # noqa: E402
 
 from models.builder import build_models, load_fewer_engine_profiles, load_profiles  # noqa: E402
 from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, layout_counts, load_experiment  # noqa: E402
-from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
+from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import base_of  # noqa: E402
 
 POLICY = {"colocated": "roll", "disaggregated": "rlboost+pd"}

@@ -465,5 +465,5 @@ def samples_header(settings: EngineSettings, grid: Grid, model: str, hardware: s
         "engine_start_s": facts["engine_start_s"],
         "wall_s": facts["wall_s"],
         "load_avg": facts["load_avg"],
-        "steal_pct": facts.get("steal_pct"),
+        "steal_pct": facts["steal_pct"],
     }
