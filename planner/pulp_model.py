@@ -13,6 +13,11 @@ import math
 import time
 import warnings
 
+# OR-Tools' native library before PuLP, always. Importing PuLP (3.3) loads highspy's HiGHS
+# into the process's global symbol scope (RTLD_GLOBAL); OR-Tools, loaded after that, binds its
+# own HiGHS calls to highspy's copy, a different HiGHS version, and the next MathOpt/HiGHS
+# solve crashes the process (SIGSEGV in HighsSolver::New). Loaded first, OR-Tools keeps its own.
+import ortools.linear_solver.pywraplp  # noqa: F401  (for its load order only)
 import pulp
 
 from planner.milp import PlanningProblem, Solution

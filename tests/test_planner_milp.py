@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -133,3 +135,25 @@ def test_time_limit_returns_the_best_feasible_with_its_gap() -> None:
     full = solve_cpsat(problem, time_limit_s=60.0)
     assert full.status == "optimal" and full.objective_ms == best.objective_ms
     assert dc_replace(cut, best_bound_ms=cut.objective_ms).gap == 0.0
+
+
+def test_every_backend_solves_in_one_process_whatever_ran_first() -> None:
+    """The PuLP backend first, then each other backend, in one fresh process (as
+    `experiments/bench_planner.py --backends pulp,highs` runs them): the process survives and each solve is exact.
+    PuLP's import puts highspy's HiGHS into the global symbol scope; before planner/pulp_model.py
+    loaded OR-Tools first, the MathOpt/HiGHS solve that followed died of SIGSEGV."""
+    script = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from planner.backends import BACKENDS, solve\n"
+        "from planner.milp import build_problem\n"
+        "from test_planner_milp import CASES\n"
+        "state, inputs = CASES[0]\n"
+        "p = build_problem(state, inputs, 0.0)\n"
+        "order = ['pulp'] + [b for b in BACKENDS if b != 'pulp']\n"
+        "print(*(f'{b}={solve(p, b, time_limit_s=10.0).objective_ms}' for b in order))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    got = dict(pair.split("=") for pair in done.stdout.split())
+    state, inputs = CASES[0]
+    assert set(got) == set(BACKENDS) and set(got.values()) == {str(oracle(state, inputs))}, got
