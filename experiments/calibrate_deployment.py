@@ -25,13 +25,18 @@ Only a quiet host's runs count: a run during which the hypervisor gave more than
 after `--attempts` such runs the calibration fails with one clear error. Each batch and the
 profile's provenance carry the steal its run saw.
 
+The P/D base may take its decode terms from another measured profile (`--pd-decode-profile
+cpu-tiny-runtime-x1`, recorded in the profile and kept by later calibrations): `pearl profile
+--pd` times the decode engine while the prefill engine serves back to back, and a deployed
+pair's prefill engine idles most of the time (runtime/profiling_inplace.py, `with_decode_of`).
+
 Writes configs/profiles/<name>.json per mode, results/calibrate_deployment.json, and prints a
 table. A mode's base profile is the config's deployment profile for it, or, when that is
 itself an in-place profile, the one it was measured from (so a second calibration replaces
 the first instead of scaling it again).
 
 usage: python experiments/calibrate_deployment.py [--config C] [--modes colocated,disaggregated] [--batches 12,24] [--env-scales 0.5,0.2]
-                                                  [--repeats 2] [--runs 1] [--max-steal-pct 1] [--attempts 3]
+                                                  [--repeats 2] [--runs 1] [--max-steal-pct 1] [--attempts 3] [--pd-decode-profile keep|own|NAME]
                                                   [--colocated-name cpu-tiny-deployed-x2] [--disaggregated-name cpu-tiny-deployed-pd] [--json]
 """
 
@@ -54,10 +59,10 @@ import validate_predictor as vp  # noqa: E402  (sets the engines' environment fi
 
 from models.builder import build_models, load_profiles  # noqa: E402
 from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, load_experiment  # noqa: E402
-from models.step_latency import EngineProfile  # noqa: E402
+from models.step_latency import EngineProfile, load_profile  # noqa: E402
 from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
-from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms  # noqa: E402
+from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms, with_decode_of  # noqa: E402
 
 
 def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile, dict],
@@ -115,6 +120,9 @@ def main() -> None:
                                                          "so that it spans more of the host's phases than one 2-minute run")
     ap.add_argument("--colocated-name", default="cpu-tiny-deployed-x2", help="the colocated profile written to configs/profiles/NAME.json")
     ap.add_argument("--disaggregated-name", default="cpu-tiny-deployed-pd", help="the P/D profile written to configs/profiles/NAME.json")
+    ap.add_argument("--pd-decode-profile", default="keep", help="the P/D base's decode terms: NAME, a measured profile's in configs/profiles (the one-engine runtime profile: "
+                    "a deployed pair's decode engine runs as one engine alone; runtime/profiling_inplace.py, with_decode_of); own: the P/D profile's own; keep (default): "
+                    "what the P/D deployment profile now records")
     ap.add_argument("--max-steal-pct", type=float, default=1.0, help="measure a run again while the hypervisor took more than this share of the CPU time (%%; "
                     "/proc/stat's steal); the calibration fails after --attempts such runs")
     ap.add_argument("--attempts", type=int, default=3, help="runs tried per calibration run before a contended host fails it")
@@ -142,7 +150,14 @@ def main() -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise SystemExit(f"calibrate_deployment: error: --{flag}-name is a profile name of letters, digits, '-' and '_' (got {name!r})")
     profile, pd_profile = load_profiles(spec)
-    base, base_pd = base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles")
+    base, base_pd = base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles", compose=args.pd_decode_profile == "keep")
+    if args.pd_decode_profile not in ("keep", "own"):
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", args.pd_decode_profile):
+            raise SystemExit(f"calibrate_deployment: error: --pd-decode-profile takes keep, own or a profile name of letters, digits, '-' and '_' (got {args.pd_decode_profile!r})")
+        try:
+            base_pd = with_decode_of(base_pd, load_profile(CONFIG_ROOT / "profiles" / f"{args.pd_decode_profile}.json"))
+        except (ConfigError, ValueError) as e:
+            raise SystemExit(f"calibrate_deployment: error: --pd-decode-profile {args.pd_decode_profile}: {e}") from None
     t0 = time.perf_counter()
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     load = os.getloadavg()[0]
@@ -157,14 +172,15 @@ def main() -> None:
                 measured[mode][2].extend(rejected)
         for mode, (batches, records, rejected) in measured.items():
             steals = sorted({x["steal_pct"] for x in batches if x["steal_pct"] is not None})
+            mode_base = base if mode == "colocated" else base_pd
             provenance = (f"experiments/calibrate_deployment.py --config {Path(args.config).name} --batches {args.batches} --env-scales {args.env_scales} "
                           f"--repeats {args.repeats} --runs {args.runs} --max-steal-pct {args.max_steal_pct:g} ({date}, load average {load:.2f}"
-                          + (f", steal {steals[0]:.2f}-{steals[-1]:.2f}%" if steals else "") + ")")
-            mode_base = base if mode == "colocated" else base_pd
+                          + (f", steal {steals[0]:.2f}-{steals[-1]:.2f}%" if steals else "") + ")"
+                          + (f"; decode terms from {mode_base.fit['decode_profile']} (--pd-decode-profile)" if mode == "disaggregated" and mode_base.fit.get("decode_profile") else ""))
             speed, terms = pooled(spec, mode, batches, records, (base, base_pd, {}))
             path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
             path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")
-            entry: dict = {"base_profile": mode_base.name, "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4),
+            entry: dict = {"base_profile": mode_base.name, "decode_profile": mode_base.fit.get("decode_profile"), "profile": names[mode], "profile_path": str(path.relative_to(ROOT)), "speed": round(speed, 4),
                            "steal_pct": steals, "rejected_runs_steal_pct": rejected, "batches": batches}
             if terms is not None:
                 entry["in_place"] = {"decode_step_ratio": round(terms.decode_ratio, 4), "decode_step_ratio_iqr": [round(x, 4) for x in terms.decode_ratio_iqr], "calls": terms.calls,

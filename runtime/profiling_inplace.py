@@ -91,11 +91,32 @@ def inplace_terms(records: list[dict[str, Any]], engine: StepLatencyModel) -> In
                         float(np.median(outside)) * 1000.0, (float(np.percentile(r, 25)), float(np.percentile(r, 75))))
 
 
-def base_of(profile: EngineProfile, profiles_dir: Path) -> EngineProfile:
+def base_of(profile: EngineProfile, profiles_dir: Path, compose: bool = True) -> EngineProfile:
     """The profile `pearl profile` measured: `profile` itself, or the one an in-place profile
-    scaled (read from `profiles_dir`), so that a second calibration replaces the first."""
-    name = profile.fit.get("in_place", {}).get("base_profile", profile.name)
-    return profile if name == profile.name else load_profile(profiles_dir / f"{name}.json")
+    scaled (read from `profiles_dir`), so that a second calibration replaces the first; with the
+    decode terms it took from another measured profile (`with_decode_of`) unless `compose` is off."""
+    rec = profile.fit.get("in_place", {})
+    name = rec.get("base_profile", profile.name)
+    base = profile if name == profile.name else load_profile(profiles_dir / f"{name}.json")
+    decode = rec.get("decode_profile")
+    return with_decode_of(base, load_profile(profiles_dir / f"{decode}.json")) if compose and decode else base
+
+
+def with_decode_of(base: EngineProfile, decode: EngineProfile) -> EngineProfile:
+    """`base` (a P/D profile) with `decode`'s decode-step terms: a deployed pair's decode engine
+    runs as one engine alone on its core, not as `pearl profile --pd` times it.
+
+    Why: the P/D profile times each engine while the other serves back to back (load `pd-busy`),
+    an upper bound of the load. In the runtime's batches the prefill engine idles most of the
+    time (the tool waits and the decode steps are most of a batch), and its decode engine's steps
+    ran 20-40% faster than that profile's (validate_predictor's `engine_decode_error_pct`, runs 45-47,
+    2026-12-04). Chosen on calibration batches alone (B = 12 / 24, tools 0.15 / 0.06 s, 24
+    batches, 2026-12-04): on the one-engine profile's decode terms the measured / predicted
+    ratio is x1.035 (IQR 1.014-1.059), and within 3.2% of every batch once scaled; on the P/D
+    profile's own, x0.837 (IQR 0.800-0.868) and 4.0%, the short tool waits over-predicted."""
+    if (decode.model, decode.hardware) != (base.model, base.hardware):
+        raise ValueError(f"decode terms from {decode.name} ({decode.model} on {decode.hardware}) cannot serve {base.name} ({base.model} on {base.hardware})")
+    return replace(base, decode=decode.decode, fit={**base.fit, "decode_profile": decode.name})
 
 
 def deployment_speed(measured_s: list[float], predicted_s: list[float]) -> float:
@@ -119,8 +140,13 @@ def deployed_profile(base: EngineProfile, speed: float, terms: InPlaceTerms | No
     as the runtime tracker applies its refit), with what was measured recorded in `fit`."""
     scaled = base.scaled(speed)
     notes = f"{base.name} (measured by `pearl profile`) x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
+    fit = dict(base.fit)
+    decode = fit.pop("decode_profile", None)
     in_place: dict = {"speed": round(speed, 4), "base_profile": base.name, "provenance": provenance}
+    if decode is not None:
+        in_place["decode_profile"] = decode
+        notes = f"{base.name} with the decode terms of {decode} (both measured by `pearl profile`) x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
     if terms is not None:
         in_place["components"] = {"decode_step_ratio": round(terms.decode_ratio, 4), "decode_step_ratio_iqr": [round(x, 4) for x in terms.decode_ratio_iqr], "calls": terms.calls,
                                   "decode_calls": terms.decode_calls, "outside_ms_median": round(terms.outside_ms_median, 2), "request_overhead": terms.request_overhead.to_json()}
-    return replace(scaled, name=name, notes=notes, fit={**base.fit, "in_place": in_place})
+    return replace(scaled, name=name, notes=notes, fit={**fit, "in_place": in_place})

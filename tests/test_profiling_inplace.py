@@ -15,7 +15,7 @@ import pytest
 from models.builder import build_models
 from models.config import CONFIG_ROOT, load_experiment
 from models.step_latency import load_profile
-from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms
+from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms, with_decode_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/experiments/train-cpu-tiny.yaml"
@@ -75,13 +75,33 @@ def test_a_deployed_profile_is_its_base_scaled_and_says_so(base, tmp_path):
     assert base_of(again, tmp_path) == base and base_of(base, tmp_path) is base
 
 
+def test_a_pd_base_takes_another_profiles_decode_terms_and_a_recalibration_keeps_them(base, tmp_path):
+    pd = load_profile(CONFIG_ROOT / "profiles/cpu-tiny-runtime-pd.json")
+    both = with_decode_of(pd, base)
+    assert np.array_equal(both.decode.vector(), base.decode.vector()) and np.array_equal(both.prefill.vector(), pd.prefill.vector())
+    assert both.kv_handoff == pd.kv_handoff and both.request_overhead == pd.request_overhead
+    p = deployed_profile(both, 0.9, None, "deployed-pd-test", "a test")
+    assert p.fit["in_place"]["decode_profile"] == base.name and "decode_profile" not in {k for k in p.fit if k != "in_place"}
+    assert np.allclose(p.decode.vector(), 0.9 * base.decode.vector()) and np.allclose(p.prefill.vector(), 0.9 * pd.prefill.vector())
+    for q in (pd, base):
+        (tmp_path / f"{q.name}.json").write_text(json.dumps(q.to_json()))
+    (tmp_path / "deployed-pd-test.json").write_text(json.dumps(p.to_json()))
+    again = load_profile(tmp_path / "deployed-pd-test.json")
+    assert base_of(again, tmp_path) == both  # what the next calibration scales: the same composition
+    assert base_of(again, tmp_path, compose=False) == pd
+    other = load_profile(CONFIG_ROOT / "profiles/cpu-small.json")
+    with pytest.raises(ValueError, match="cannot serve"):
+        with_decode_of(pd, other)
+
+
 @pytest.mark.parametrize("name", ["cpu-tiny-deployed-x2", "cpu-tiny-deployed-pd"])
 def test_the_shipped_deployment_profiles_are_their_measured_base_times_their_recorded_speed(name):
     p = load_profile(CONFIG_ROOT / f"profiles/{name}.json")
     rec = p.fit["in_place"]
     b = load_profile(CONFIG_ROOT / f"profiles/{rec['base_profile']}.json")
+    d = load_profile(CONFIG_ROOT / f"profiles/{rec['decode_profile']}.json") if "decode_profile" in rec else b  # the P/D one's decode: one engine alone
     assert rec["speed"] > 0 and "calibrate_deployment.py" in rec["provenance"]
-    assert np.allclose(p.decode.vector(), rec["speed"] * b.decode.vector(), rtol=1e-3)
+    assert np.allclose(p.decode.vector(), rec["speed"] * d.decode.vector(), rtol=1e-3)
     assert np.allclose(p.prefill.vector(), rec["speed"] * b.prefill.vector(), rtol=1e-3)
 
 
