@@ -94,7 +94,9 @@ def test_the_simulator_runs_a_lone_engine_at_the_profile_the_planner_priced_it_a
     r = simulate(spec, "roll", TraceFlags(), hours=0.05, models=keyed)
     assert {d[3]["ratio"] for d in r.decision_log if "ratio" in d[3]} == {"1C"}, r.decision_log[:3]
     one, full = keyed.predictor.colocated(1).completion_s, build_models(spec, fewer_engines={}).predictor.colocated(1).completion_s
-    assert abs(r.mean_batch_s - one) < 0.05 * one and abs(r.mean_batch_s - full) > 0.1 * full, (r.mean_batch_s, one, full)
+    # the two profiles must differ for the batches to tell them apart; then they sit near the lone engine's
+    assert abs(full - one) > 0.05 * one, (one, full)
+    assert abs(r.mean_batch_s - one) < 0.25 * abs(full - one), (r.mean_batch_s, one, full)
 
 
 def test_an_engine_retimed_mid_decode_runs_its_next_steps_at_the_new_speed() -> None:
