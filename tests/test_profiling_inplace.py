@@ -167,6 +167,13 @@ def test_the_calibration_refuses_a_number_of_runs_it_cannot_take():
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--runs 1-20" in proc.stderr and f", {runs}, " in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(("value", "says"), [("../x", "a profile name of letters"), ("nosuch", "an existing profile JSON"), ("cpu-small", "cannot serve cpu-tiny-runtime-pd")])
+def test_the_calibration_refuses_decode_terms_it_cannot_use(value, says):
+    proc = subprocess.run([sys.executable, "experiments/calibrate_deployment.py", "--pd-decode-profile", value], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("calibrate_deployment: error:")]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and len(lines) == 1 and says in lines[0], proc.stderr
+
+
 def test_a_calibration_run_on_a_contended_host_is_measured_again_and_then_refused(monkeypatch):
     sys.path.insert(0, str(ROOT / "experiments"))
     import calibrate_deployment as cd
