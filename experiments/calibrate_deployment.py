@@ -65,6 +65,9 @@ from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import InPlaceTerms, base_of, deployed_profile, deployment_speed, inplace_terms, with_decode_of  # noqa: E402
 
 
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a file name under configs/profiles, never a path
+
+
 def calibrate(spec: ExperimentSpec, mode: str, points: list[tuple[int, float]], repeats: int, bases: tuple[EngineProfile, EngineProfile, dict],
               run: int) -> tuple[list[dict], list[dict], float | None]:
     """One runtime run of `mode` at the calibration points: its batches, each with its solved
@@ -147,12 +150,12 @@ def main() -> None:
                          f"{args.max_steal_pct:g}, {args.attempts})")
     names = {"colocated": args.colocated_name, "disaggregated": args.disaggregated_name}
     for flag, name in names.items():
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        if not PROFILE_NAME.fullmatch(name):
             raise SystemExit(f"calibrate_deployment: error: --{flag}-name is a profile name of letters, digits, '-' and '_' (got {name!r})")
     profile, pd_profile = load_profiles(spec)
     base, base_pd = base_of(profile, CONFIG_ROOT / "profiles"), base_of(pd_profile or profile, CONFIG_ROOT / "profiles", compose=args.pd_decode_profile == "keep")
     if args.pd_decode_profile not in ("keep", "own"):
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", args.pd_decode_profile):
+        if not PROFILE_NAME.fullmatch(args.pd_decode_profile):
             raise SystemExit(f"calibrate_deployment: error: --pd-decode-profile takes keep, own or a profile name of letters, digits, '-' and '_' (got {args.pd_decode_profile!r})")
         try:
             base_pd = with_decode_of(base_pd, load_profile(CONFIG_ROOT / "profiles" / f"{args.pd_decode_profile}.json"))
@@ -175,8 +178,7 @@ def main() -> None:
             mode_base = base if mode == "colocated" else base_pd
             provenance = (f"experiments/calibrate_deployment.py --config {Path(args.config).name} --batches {args.batches} --env-scales {args.env_scales} "
                           f"--repeats {args.repeats} --runs {args.runs} --max-steal-pct {args.max_steal_pct:g} ({date}, load average {load:.2f}"
-                          + (f", steal {steals[0]:.2f}-{steals[-1]:.2f}%" if steals else "") + ")"
-                          + (f"; decode terms from {mode_base.fit['decode_profile']} (--pd-decode-profile)" if mode == "disaggregated" and mode_base.fit.get("decode_profile") else ""))
+                          + (f", steal {steals[0]:.2f}-{steals[-1]:.2f}%" if steals else "") + ")")
             speed, terms = pooled(spec, mode, batches, records, (base, base_pd, {}))
             path = CONFIG_ROOT / "profiles" / f"{names[mode]}.json"
             path.write_text(json.dumps(deployed_profile(mode_base, speed, terms, names[mode], provenance).to_json(), indent=1) + "\n")

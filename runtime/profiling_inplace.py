@@ -139,13 +139,13 @@ def deployed_profile(base: EngineProfile, speed: float, terms: InPlaceTerms | No
     """`base` as the deployment runs it: every term `speed` times slower (`EngineProfile.scaled`,
     as the runtime tracker applies its refit), with what was measured recorded in `fit`."""
     scaled = base.scaled(speed)
-    notes = f"{base.name} (measured by `pearl profile`) x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
     fit = dict(base.fit)
     decode = fit.pop("decode_profile", None)
+    measured = f"{base.name} (measured by `pearl profile`)" if decode is None else f"{base.name} with the decode terms of {decode} (both measured by `pearl profile`)"
+    notes = f"{measured} x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
     in_place: dict = {"speed": round(speed, 4), "base_profile": base.name, "provenance": provenance}
     if decode is not None:
         in_place["decode_profile"] = decode
-        notes = f"{base.name} with the decode terms of {decode} (both measured by `pearl profile`) x{speed:.3f}, the deployment's speed measured on calibration batches of the runtime: {provenance}"
     if terms is not None:
         in_place["components"] = {"decode_step_ratio": round(terms.decode_ratio, 4), "decode_step_ratio_iqr": [round(x, 4) for x in terms.decode_ratio_iqr], "calls": terms.calls,
                                   "decode_calls": terms.decode_calls, "outside_ms_median": round(terms.outside_ms_median, 2), "request_overhead": terms.request_overhead.to_json()}

@@ -81,7 +81,7 @@ def test_a_pd_base_takes_another_profiles_decode_terms_and_a_recalibration_keeps
     assert np.array_equal(both.decode.vector(), base.decode.vector()) and np.array_equal(both.prefill.vector(), pd.prefill.vector())
     assert both.kv_handoff == pd.kv_handoff and both.request_overhead == pd.request_overhead
     p = deployed_profile(both, 0.9, None, "deployed-pd-test", "a test")
-    assert p.fit["in_place"]["decode_profile"] == base.name and "decode_profile" not in {k for k in p.fit if k != "in_place"}
+    assert p.fit["in_place"]["decode_profile"] == base.name and "decode_profile" not in p.fit and f"with the decode terms of {base.name}" in p.notes
     assert np.allclose(p.decode.vector(), 0.9 * base.decode.vector()) and np.allclose(p.prefill.vector(), 0.9 * pd.prefill.vector())
     for q in (pd, base):
         (tmp_path / f"{q.name}.json").write_text(json.dumps(q.to_json()))
