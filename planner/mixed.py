@@ -130,11 +130,23 @@ class RoleKinds:
 
     kinds: tuple[KindTable, ...]
     units: int
+    # options() per layout's counts: a search prices the same counts again and again (the seeds
+    # in the entry pruning and in the search, a layout's check and its value, the decision read back)
+    _options: dict[tuple[tuple[Kind, int], ...], list[tuple[int, int]]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def index(self) -> dict[Kind, int]:
         return {kt.kind: i for i, kt in enumerate(self.kinds)}
 
     def options(self, counts: dict[Kind, int]) -> list[tuple[int, int]]:
+        """The (T, Q) pairs, undominated, that a layout with `counts` instances per kind meets
+        (`_meets`, remembered per counts)."""
+        key = tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
+        out = self._options.get(key)
+        if out is None:
+            out = self._options[key] = self._meets(dict(key))
+        return list(out)
+
+    def _meets(self, counts: dict[Kind, int]) -> list[tuple[int, int]]:
         """The (T, Q) pairs, undominated, that a layout with `counts` instances per kind meets.
 
         Per queue bound Q (some serving kind's q), the fastest path T (some serving kind's t)
@@ -468,24 +480,27 @@ def group_transition_ms(g: MixedGroup, v: tuple[int, ...]) -> int:
 
 
 def feasible(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> bool:
+    return _feasible_completion(p, x) is not None
+
+
+def _feasible_completion(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
+    """Layout x's (priced) completion if it is feasible, else None."""
     for g, v in zip(p.groups, x):
         if any(n < 0 or n > g.ub(i) for i, n in enumerate(v)) or sum(t * n for (_, t), n in zip(g.slots, v)) > g.total_cap:
-            return False
+            return None
     counts = p.counts(x)
-    if completion_ms(p, x) is None:
-        return False
     if p.fixed_pd is not None and (sum(counts[1].values()), sum(counts[2].values())) != p.fixed_pd:
-        return False
-    used = sum(t * n for g, v in zip(p.groups, x) for (_, t), n in zip(g.slots, v))
-    return p.max_gpus is None or used <= p.max_gpus
+        return None
+    if p.max_gpus is not None and sum(tp * n for g, v in zip(p.groups, x) for (_, tp), n in zip(g.slots, v)) > p.max_gpus:
+        return None
+    return _completion(p.roles, p.modes, counts)
 
 
 def evaluate_mixed(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
     """The objective of a layout computed from its definition (None if infeasible)."""
-    if not feasible(p, x):
+    t = _feasible_completion(p, x)
+    if t is None:
         return None
-    t = completion_ms(p, x)
-    assert t is not None
     return t + sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms
 
 
