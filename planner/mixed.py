@@ -25,7 +25,7 @@ points whose units cover the batch of
 (the slowest trajectory's path and the longest queue); colocated completes in T + Q,
 disaggregated in max(T_P, T_D) + Q_P, as in planner/milp.py. With one kind this is exactly
 the homogeneous rule (floor(S N / k) >= S iff N >= k), so a single-kind role is predicted as
-today; nothing averages GPU counts. `role_path_options` computes it from the definition.
+today; nothing averages GPU counts. `RoleKinds.options` computes it from the definition.
 
 How it is solved: `solve_mixed` runs the exact threshold search of planner/mixed_search.py
 (thresholds (T, Q) outside, a covering program with fixed coefficients inside) on every
@@ -240,8 +240,10 @@ def share_units(largest_table: int) -> int:
 
 
 # ------------------------------------------------------------------------------------- build
-def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> MixedProblem:
-    """Fold the state into groups, slots and per-role levels (pure); see the module docstring."""
+def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options(), prune: bool = True) -> MixedProblem:
+    """Fold the state into groups, slots and per-role levels (pure); see the module docstring.
+    prune=False keeps the entries no optimum selects (`_prune_entries`): for pricing layouts
+    worse than the current one (`degree_alternatives`)."""
     relax = options.relax
     tables = {(t.role, t.gpu_type, t.tp): t for t in inputs.variants}
     raw = group_caps(state, inputs, now_s, options)
@@ -294,7 +296,7 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
     fixed = options.fixed_pd if "policy" not in relax else None
     mx = options.max_gpus if "policy" not in relax else None
     problem = MixedProblem(tuple(groups), tuple(priced), tuple(batch), modes, fixed, mx, constant, denom, work)  # type: ignore[arg-type]
-    return _prune_entries(problem)
+    return _prune_entries(problem) if prune else problem
 
 
 
@@ -502,6 +504,56 @@ def evaluate_mixed(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | Non
     if t is None:
         return None
     return t + sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms
+
+
+@dataclass(frozen=True)
+class DegreeAlternative:
+    """Layout x with one group's instances of one role moved to another TP degree on the same
+    GPUs (as many instances as fit on them), everything else kept, priced by the definition."""
+
+    group: int
+    role: int
+    tp: int  # the degree x runs there
+    instances: int
+    alt_tp: int
+    alt_instances: int
+    objective_ms: int | None  # None: the alternative breaks a rule of the program (mode, fixed P:D, ...)
+    completion_ms: int | None
+    transition_ms: int
+
+
+def degree_alternatives(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> list[DegreeAlternative]:
+    """Why each group runs the degrees it does: every (group, role, degree) of x against the
+    role's other allowed degrees there. What a user asks of a mixed decision ("why TP1 on the
+    A100s?"); an optimal x is never beaten by one of these. Build `p` with prune=False: a pruned
+    problem prices a layout worse than its seeds as infeasible."""
+    out = []
+    for gi, (g, v) in enumerate(zip(p.groups, x)):
+        for i, (r, t) in enumerate(g.slots):
+            if not v[i]:
+                continue
+            for j, (r2, t2) in enumerate(g.slots):
+                if r2 != r or t2 == t or v[i] * t < t2:
+                    continue
+                w = list(v)
+                w[i], w[j] = 0, w[j] + v[i] * t // t2
+                y = x[:gi] + (tuple(w),) + x[gi + 1 :]
+                out.append(DegreeAlternative(gi, r, t, v[i], t2, v[i] * t // t2, evaluate_mixed(p, y), completion_ms(p, y),
+                                             sum(group_transition_ms(h, u) for h, u in zip(p.groups, y)) + p.constant_ms))
+    return out
+
+
+def layout_of(p: MixedProblem, targets: tuple) -> tuple[tuple[int, ...], ...]:
+    """A decision's targets (`GroupTarget`s with per-node layouts) as x of `p`, per group one count per slot."""
+    by_node = {t.node: t.layout for t in targets}
+    x = []
+    for g in p.groups:
+        v = [0] * len(g.slots)
+        for node in g.nodes:
+            for role, tp, n in by_node.get(node, ()):
+                v[g.slots.index((ROLES.index(role), tp))] += n
+        x.append(tuple(v))
+    return tuple(x)
 
 
 # ------------------------------------------------------------------------------------- the program

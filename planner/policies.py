@@ -108,7 +108,8 @@ class PearlPolicy:
     modes: tuple[str, ...] = ("colocated", "disaggregated")
     backend: str | None = None
 
-    def _options(self, state: ClusterState, inputs: PlanningInputs, borrow: bool) -> Options:
+    def options(self, state: ClusterState, inputs: PlanningInputs, borrow: bool) -> Options:
+        """The program's options for one solve, with or without borrowing training GPUs."""
         opts = Options(allow_borrow=borrow, allow_elastic=self.elastic, pools=self.pools, modes=self.modes, toggle_in_objective=not self.gate)
         if self.fixed_pd:
             tp = inputs.tp("decode")
@@ -123,7 +124,7 @@ class PearlPolicy:
         return opts
 
     def _solve(self, state: ClusterState, inputs: PlanningInputs, now_s: float, borrow: bool):
-        opts = self._options(state, inputs, borrow)
+        opts = self.options(state, inputs, borrow)
         try:
             return _solve_or_raise(state, inputs, now_s, opts, self.backend)
         except PlanningError:
@@ -134,7 +135,7 @@ class PearlPolicy:
 
     def _keep_on_timeout(self, state: ClusterState, inputs: PlanningInputs, now_s: float, exc: PlanningError) -> Step:
         """The time limit passed with no solution at all: keep the current configuration if it is feasible."""
-        problem = build_any(state, inputs, now_s, self._options(state, inputs, borrow=False))
+        problem = build_any(state, inputs, now_s, self.options(state, inputs, borrow=False))
         x_cur = current_x(problem)
         obj = evaluate_any(problem, x_cur)
         if obj is None:

@@ -16,7 +16,7 @@ from models.config import CostWeights
 from planner.backends import BACKENDS
 from planner.inputs import ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.milp import Options
-from planner.mixed import build_mixed_problem, evaluate_mixed, share_units, solve_mixed, splits_at_price
+from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, layout_of, share_units, solve_mixed, splits_at_price
 from planner.solve import solve_step
 from planner.state import GPU, ClusterState, TrainerPhase
 from mixed_cases import mixed_oracle, random_mixed_inputs, random_mixed_state, random_twin_state
@@ -211,6 +211,34 @@ def test_best_layout_uses_two_tp_degrees_at_once() -> None:
     for only in (1, 2):  # either degree alone is slower, by brute force too
         single = replace(inputs, variants=tuple(v for v in inputs.variants if v.tp == only))
         assert mixed_oracle(state, single) == {1: 114_286, 2: 150_000}[only]
+
+
+def test_degree_alternatives_move_a_groups_gpus_to_the_other_degrees() -> None:
+    """The big node's 2 TP2 instances as 4 TP1 is TP1 on all 7 GPUs (114 s by brute force); the
+    1-GPU spot nodes host no TP2, so they have no alternative."""
+    state, inputs = two_degree_case()
+    problem = build_mixed_problem(state, inputs, 0.0, prune=False)
+    sol = solve_mixed(problem, "cpsat", time_limit_s=10.0)
+    alts = degree_alternatives(problem, sol.x)
+    assert [(problem.groups[a.group].nodes, a.tp, a.instances, a.alt_tp, a.alt_instances) for a in alts] == [(("big",), 2, 2, 1, 4)]
+    assert alts[0].objective_ms == alts[0].completion_ms == 114_286  # no transition weight in this case
+
+
+def test_no_degree_alternative_beats_an_optimum_and_decisions_read_back() -> None:
+    """On the oracle cases: every alternative of the optimum prices at least the optimum, and the
+    decision's targets read back (`layout_of`) as a layout of the same objective."""
+    compared = 0
+    for state, inputs, want in cases():
+        if want is None:
+            continue
+        _, sol, decision = solve_step(state, inputs, 0.0, backend="cbc")
+        problem = build_mixed_problem(state, inputs, 0.0, Options(fold_running=False), prune=False)
+        x = layout_of(problem, decision.targets)
+        assert evaluate_mixed(problem, x) == sol.objective_ms == want
+        for a in degree_alternatives(problem, x):
+            assert a.objective_ms is None or a.objective_ms >= want, a
+            compared += a.objective_ms is not None
+    assert compared >= 40, compared  # 51 alternatives on the 150 feasible cases
 
 
 def test_one_kind_alone_is_exact_at_every_count() -> None:
