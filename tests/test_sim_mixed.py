@@ -31,6 +31,9 @@ def test_pearl_plans_mixed_layouts_in_the_simulator() -> None:
     sim = Simulator(models, make_policy("pearl", models), load_availability(spec, TraceFlags(None, 0.7, None), hours), hours=hours)
     r = sim.run()
     assert r.decisions > 0 and r.policy_failures == 0, r.failure
+    solver = r.to_json()["solver"]  # every decision's proof, summed up for `pearl simulate --json`
+    assert solver["decisions"] == r.decisions and solver["proven_optimal"] == r.decisions, solver
+    assert 0 < solver["solve_ms_p50"] <= solver["solve_ms_p95"] <= solver["solve_ms_max"], solver
     held = longest_held_layout(r.decision_log, hours * 3600)
     assert held and all("@TP" in lab for lab in held.values()), held
     kinds = set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class SimResult:
@@ -133,8 +135,22 @@ class SimResult:
             util[r] = round(sum(vals) / len(vals), 4) if vals else 0.0
         return {"mean_gpus": gpus, "busy_fraction": util}
 
+    def solver(self) -> dict:
+        """The planner's decisions: how many were proven optimal and the solver's wall time per
+        decision (wall-clock, so apart from `summary`, whose simulated quantities repeat per seed);
+        empty for a policy that does not solve (a fixed layout)."""
+        proofs = [info for _, _, _, info in self.decision_log if "solve_ms" in info]
+        if not proofs:
+            return {}
+        ms = np.array([float(info["solve_ms"]) for info in proofs])
+        return {"decisions": len(proofs), "proven_optimal": sum(info["status"] == "optimal" for info in proofs),
+                "solve_ms_p50": round(float(np.percentile(ms, 50)), 1), "solve_ms_p95": round(float(np.percentile(ms, 95)), 1),
+                "solve_ms_max": round(float(ms.max()), 1)}
+
     def to_json(self, series: bool = False) -> dict:
         out = {"policy": self.policy, **self.summary(), "utilization": self.utilization(), "wall_s": round(self.wall_s, 3)}
+        if solver := self.solver():
+            out["solver"] = solver
         if series:
             out["series"] = self.series
             out["elastic_series"] = self.elastic_series

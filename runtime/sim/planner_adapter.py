@@ -29,6 +29,7 @@ class PlannerPolicy:
     name: str
     models: ExperimentModels
     failures: int = 0  # decisions the planner could not make (kept the current layout)
+    record: list | None = None  # a list: each decision's (now, event, state, inputs, planner Step) is appended (experiments/mixed_why.py)
     predicted_s: float = field(init=False, default=math.nan)  # its batch time before its first decision
     _inputs: PlanningInputs = field(init=False, repr=False)
 
@@ -47,6 +48,8 @@ class PlannerPolicy:
             self.failures += 1
             mode = "disaggregated" if any(w.role != "colocated" for w in state.workers) else "colocated"
             return PolicyStep(NO_PLAN, mode, math.nan, {"error": str(exc)})
+        if self.record is not None:
+            self.record.append((now, event, state, self._inputs, step))
         d = step.decision
         info = {
             "ratio": d.ratio, "applied": d.applied, "lent_gpus": d.lent_gpus, "predicted_s": round(d.predicted_completion_s, 2),
