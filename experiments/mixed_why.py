@@ -5,9 +5,9 @@ and seed) under the pearl policy. At each decision that applies a new layout (by
 and TP degree), every group's instances of a role are moved in turn to each other degree the
 role may use there, on the same GPUs (as many instances as fit), everything else kept, and
 priced by the decision's own program (`planner.mixed.degree_alternatives`): the priced
-completion and the transition cost, each as the change from the layout PEARL chose. The
-decision is proven optimal, so no alternative is cheaper in all; the two columns say whether a
-degree lost on the batch's path or on the cost of getting there. Writes
+completion and the transition cost, each as the change from the layout PEARL chose. No
+alternative of a decision proven optimal (`status` in the JSON) is cheaper in all; the two
+columns say whether a degree lost on the batch's path or on the cost of getting there. Writes
 results/mixed_why.json and prints a table.
 
     python experiments/mixed_why.py
@@ -61,7 +61,7 @@ def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
         for a in degree_alternatives(problem, x):
             g = problem.groups[a.group]
             rows.append({
-                "t_s": round(now), "event": event, "layout": _layout_text(layout),
+                "t_s": round(now), "event": event, "status": d.proof.status, "layout": _layout_text(layout),
                 "gpu": g.gpu_type, "pool": g.pool, "nodes": list(g.nodes), "gpus": g.total_cap, "role": ROLES[a.role],
                 "chosen": f"{a.instances}{LETTER[ROLES[a.role]]}@TP{a.tp}", "alternative": f"{a.alt_instances}{LETTER[ROLES[a.role]]}@TP{a.alt_tp}",
                 "completion_delta_s": None if a.completion_ms is None else round((a.completion_ms - (chosen - trans)) / 1000, 1),
