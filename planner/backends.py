@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from planner.milp import PlanningProblem, Solution, policy_contradiction
+from planner.milp import PlanningProblem, Solution, completion_ms, evaluate, policy_contradiction
 
 BACKENDS = ("cpsat", "highs", "highspy", "cbc", "scip", "pulp")
 
@@ -170,21 +170,31 @@ def read_back(lm: LinearModel, raw: Raw, n_groups: int, width: int = 3) -> Solut
 
 
 def _solution(p: PlanningProblem, lm: LinearModel, raw: Raw) -> Solution:
-    return read_back(lm, raw, len(p.groups))
+    """The layout the solver found, priced from its definition where that is lower: T, Q and the
+    entry selection are auxiliary, and a solve stopped within a gap (or its time limit) may
+    leave them above their minimum."""
+    sol = read_back(lm, raw, len(p.groups))
+    if raw.values is None:
+        return sol
+    obj = evaluate(p, sol.x)
+    if obj is None or obj >= sol.objective_ms:
+        return sol
+    return replace(sol, objective_ms=obj, completion_ms=completion_ms(p, sol.totals()) or 0)
 
 
 # ------------------------------------------------------------------------------------- CP-SAT
-def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None) -> Solution:
+def solve_cpsat(p: PlanningProblem, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None, gap: float = 0.0) -> Solution:
     """CP-SAT stops at the wall-clock limit or at the same amount of deterministic time
     (reproducible on an idle machine), whichever comes first."""
     if (bad := Solution.contradictory(p, "cpsat")) is not None:
         return bad
     t0 = time.perf_counter()
     lm = linear_model(p)
-    return _solution(p, lm, cpsat_model(lm, time_limit_s, workers, seed, deterministic_limit_s, t0))
+    return _solution(p, lm, cpsat_model(lm, time_limit_s, workers, seed, deterministic_limit_s, t0, gap))
 
 
-def cpsat_model(lm: LinearModel, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None, t0: float | None = None) -> Raw:
+def cpsat_model(lm: LinearModel, time_limit_s: float, workers: int = 8, seed: int = 0, deterministic_limit_s: float | None = None, t0: float | None = None,
+                gap: float = 0.0) -> Raw:
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter() if t0 is None else t0
@@ -206,6 +216,7 @@ def cpsat_model(lm: LinearModel, time_limit_s: float, workers: int = 8, seed: in
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.max_deterministic_time = deterministic_limit_s if deterministic_limit_s is not None else time_limit_s
+    solver.parameters.relative_gap_limit = gap
     st = solver.solve(model)
     ms = (time.perf_counter() - t0) * 1000
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -216,14 +227,14 @@ def cpsat_model(lm: LinearModel, time_limit_s: float, workers: int = 8, seed: in
 
 
 # ------------------------------------------------------------------------------------- MathOpt / HiGHS
-def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed: int = 0) -> Solution:
+def solve_highs(p: PlanningProblem, time_limit_s: float, workers: int = 1, seed: int = 0, gap: float = 0.0) -> Solution:
     if (bad := Solution.contradictory(p, "highs")) is not None:
         return bad
     t0 = time.perf_counter()
-    return _solution(p, lm := linear_model(p), highs_model(lm, time_limit_s, seed, t0))
+    return _solution(p, lm := linear_model(p), highs_model(lm, time_limit_s, seed, t0, gap))
 
 
-def highs_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None) -> Raw:
+def highs_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None, gap: float = 0.0) -> Raw:
     import datetime
 
     from ortools.math_opt.python import mathopt
@@ -236,7 +247,7 @@ def highs_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float |
     model.minimize(mathopt.LinearSum(c * xs[v] for v, c in lm.obj.items()) + lm.const)
     # presolve costs more than it saves on these small aggregated models (measured: ~7 -> ~4 ms)
     params = mathopt.SolveParameters(
-        time_limit=datetime.timedelta(seconds=time_limit_s), random_seed=seed, relative_gap_tolerance=0.0, absolute_gap_tolerance=0.5,
+        time_limit=datetime.timedelta(seconds=time_limit_s), random_seed=seed, relative_gap_tolerance=gap, absolute_gap_tolerance=0.5,
         presolve=mathopt.Emphasis.OFF, enable_output=False,
     )
     res = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params)
@@ -253,15 +264,15 @@ def highs_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float |
 
 
 # ------------------------------------------------------------------------------------- HiGHS direct
-def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0) -> Solution:
+def solve_highspy(p: PlanningProblem, time_limit_s: float, seed: int = 0, gap: float = 0.0) -> Solution:
     """HiGHS through its own Python API: the model goes in as arrays (no per-term objects)."""
     if (bad := Solution.contradictory(p, "highspy")) is not None:
         return bad
     t0 = time.perf_counter()
-    return _solution(p, lm := linear_model(p), highspy_model(lm, time_limit_s, seed, t0))
+    return _solution(p, lm := linear_model(p), highspy_model(lm, time_limit_s, seed, t0, gap))
 
 
-def highspy_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None) -> Raw:
+def highspy_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float | None = None, gap: float = 0.0) -> Raw:
     import highspy
     import numpy as np
 
@@ -270,7 +281,7 @@ def highspy_model(lm: LinearModel, time_limit_s: float, seed: int = 0, t0: float
     h.setOptionValue("presolve", "off")  # costs more than it saves on these small models
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("random_seed", int(seed))
-    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("mip_abs_gap", 0.5)
     inf = highspy.kHighsInf
     n = len(lm.lb)
@@ -325,14 +336,14 @@ def _quiet_highs():
 
 
 # ------------------------------------------------------------------------------------- pywraplp CBC / SCIP
-def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str) -> Solution:
+def solve_pywraplp(p: PlanningProblem, time_limit_s: float, engine: str, gap: float = 0.0) -> Solution:
     if (bad := Solution.contradictory(p, engine)) is not None:
         return bad
     t0 = time.perf_counter()
-    return _solution(p, lm := linear_model(p), pywraplp_model(lm, time_limit_s, engine, t0))
+    return _solution(p, lm := linear_model(p), pywraplp_model(lm, time_limit_s, engine, t0, gap))
 
 
-def pywraplp_model(lm: LinearModel, time_limit_s: float, engine: str, t0: float | None = None) -> Raw:
+def pywraplp_model(lm: LinearModel, time_limit_s: float, engine: str, t0: float | None = None, gap: float = 0.0) -> Raw:
     from ortools.linear_solver import pywraplp
 
     t0 = time.perf_counter() if t0 is None else t0
@@ -353,7 +364,7 @@ def pywraplp_model(lm: LinearModel, time_limit_s: float, engine: str, t0: float 
     obj.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
     params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, 0.0)
+    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, gap)
     st = solver.Solve(params)
     ms = (time.perf_counter() - t0) * 1000
     if st in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
@@ -363,36 +374,38 @@ def pywraplp_model(lm: LinearModel, time_limit_s: float, engine: str, t0: float 
     return Raw(None, status, math.inf, -math.inf, ms, engine)
 
 
-def solve_model(lm: LinearModel, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Raw:
+def solve_model(lm: LinearModel, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0, gap: float = 0.0) -> Raw:
     """Solve a program given as data (the mixed-layout program of planner/mixed.py uses this;
     PuLP here translates the same data, so it is not an independent formulation there)."""
     t0 = time.perf_counter()
     if backend == "cpsat":
-        return cpsat_model(lm, time_limit_s, workers, seed, t0=t0)
+        return cpsat_model(lm, time_limit_s, workers, seed, t0=t0, gap=gap)
     if backend == "highs":
-        return highs_model(lm, time_limit_s, seed, t0)
+        return highs_model(lm, time_limit_s, seed, t0, gap)
     if backend == "highspy":
-        return highspy_model(lm, time_limit_s, seed, t0)
+        return highspy_model(lm, time_limit_s, seed, t0, gap)
     if backend in ("cbc", "scip"):
-        return pywraplp_model(lm, time_limit_s, backend, t0)
+        return pywraplp_model(lm, time_limit_s, backend, t0, gap)
     if backend == "pulp":
         from planner.pulp_model import pulp_model
 
-        return pulp_model(lm, time_limit_s, t0)
+        return pulp_model(lm, time_limit_s, t0, gap)
     raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")
 
 
-def solve(p: PlanningProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
+def solve(p: PlanningProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0, gap: float = 0.0) -> Solution:
+    """The program on `backend`; "optimal" is proven within the relative `gap` (0: exact; the
+    objective is whole ms, so every backend also stops within 0.5 ms absolute)."""
     if backend == "cpsat":
-        return solve_cpsat(p, time_limit_s, workers, seed)
+        return solve_cpsat(p, time_limit_s, workers, seed, gap=gap)
     if backend == "highs":
-        return solve_highs(p, time_limit_s, seed=seed)
+        return solve_highs(p, time_limit_s, seed=seed, gap=gap)
     if backend == "highspy":
-        return solve_highspy(p, time_limit_s, seed)
+        return solve_highspy(p, time_limit_s, seed, gap)
     if backend in ("cbc", "scip"):
-        return solve_pywraplp(p, time_limit_s, backend)
+        return solve_pywraplp(p, time_limit_s, backend, gap)
     if backend == "pulp":
         from planner.pulp_model import solve_pulp
 
-        return solve_pulp(p, time_limit_s)
+        return solve_pulp(p, time_limit_s, gap)
     raise ValueError(f"unknown backend {backend!r}; one of {BACKENDS}")

@@ -135,6 +135,7 @@ class SolverSettings:
     time_limit_s: float = 1.0
     workers: int = 8
     seed: int = 0
+    relative_gap: float = 0.0  # "optimal" is proven within this share of the objective (0: exact)
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
         max_seq_tokens=float(spec.workload.max_trajectory_tokens),
     )
     sv = solver or spec.solver
-    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed)
+    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap)
     degrees = spec.cluster.tp
     variants = tuple(tab(role, t, pred, typ) for typ, t, pred in models.variants for role in ("colocated", "prefill", "decode")
                      if t in getattr(degrees, role))

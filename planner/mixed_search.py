@@ -422,8 +422,12 @@ class Looser:
         return float(self.floors[: self.n][below].max())
 
 
-def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0) -> Solution:
-    """The exact optimum of `p` by threshold search (module docstring); `Solution.x` as `mixed.solve_mixed`'s."""
+def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0, gap: float = 0.0) -> Solution:
+    """The exact optimum of `p` by threshold search (module docstring); `Solution.x` as `mixed.solve_mixed`'s.
+
+    gap > 0: a box goes once its bound reaches (1 - gap) x the incumbent, so the layout found is
+    proven within the relative gap (its objective x (1 - gap) bounds the optimum from below).
+    The corner programs stay exact: what they prove about a corner is reused as a floor."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     zero = tuple(tuple(0 for _ in g.slots) for g in p.groups)
@@ -446,7 +450,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     proven, cut = True, math.inf
     while heap:
         bound, _, sp, lo, hi, floor = heapq.heappop(heap)
-        if bound >= inc:
+        if bound >= inc * (1.0 - gap):
             break
         if time.perf_counter() >= deadline:
             proven, cut = False, bound
@@ -458,18 +462,18 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         if c is None:
             c = corners[key] = Corner(lower=0.0, at=looser[sp.mode].add(kvec))
         floor = max(floor, looser[sp.mode].floor(c.at))
-        if sp.value(lo) + max(floor, c.cost) + p.constant_ms >= inc:
+        if sp.value(lo) + max(floor, c.cost) + p.constant_ms >= inc * (1.0 - gap):
             continue  # what the block inherited, or a looser corner, is bound enough
         if not c.bounded:
             c.bounded, c.lower = True, max(c.lower, _lp_bound(gp, kvec))
             looser[sp.mode].floors[c.at] = c.floor
         cost = max(floor, c.cost)
-        if sp.value(lo) + cost + p.constant_ms >= inc:
+        if sp.value(lo) + cost + p.constant_ms >= inc * (1.0 - gap):
             continue
         # then solve the corner's layout program, cut off at what could still beat the incumbent
         # anywhere in the block: infeasible, the block goes; else its optimum bounds the block.
         # A single candidate is settled only by an exact cost: a bound alone never ends it
-        budget = int(inc) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
+        budget = math.ceil(inc * (1.0 - gap)) - sp.value(lo) - p.constant_ms - 1 if math.isfinite(inc) else math.inf
         size = math.prod(h - l + 1 for l, h in zip(lo, hi))
         if c.known is None and c.tried < budget and size <= MILP_BOX and (lo == hi or not c.relaxed):
             # the relaxed program first (`_inner_model`, exact=False); the exact one only where
@@ -505,7 +509,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         cost = max(floor, c.cost)
         if c.known is None and c.tried >= budget:
             continue  # nothing within the budget covers even the loosest corner
-        if sp.value(lo) + cost + p.constant_ms >= inc or lo == hi:
+        if sp.value(lo) + cost + p.constant_ms >= inc * (1.0 - gap) or lo == hi:
             continue  # a single candidate here has its exact cost, and the incumbent its layout (or better)
         # split the widest side; both halves inherit the cost as a floor (their loosest corners
         # are this one or tighter), and each settles its own corner when popped
@@ -521,7 +525,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         status = "infeasible" if proven else "no_solution"
         return Solution(status, zero, 0, 0, -math.inf, ms, backend)  # type: ignore[arg-type]
     status = "optimal" if proven else "feasible"
-    return Solution(status, best_x, completion_ms(p, best_x) or 0, int(inc), float(inc) if proven else min(cut, inc), ms, backend)  # type: ignore[arg-type]
+    return Solution(status, best_x, completion_ms(p, best_x) or 0, int(inc), inc * (1.0 - gap) if proven else min(cut, inc), ms, backend)  # type: ignore[arg-type]
 
 
 def _covers(p: MixedProblem, x: tuple[tuple[int, ...], ...], kvec: dict[int, dict]) -> bool:

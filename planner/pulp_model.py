@@ -20,10 +20,10 @@ import warnings
 import ortools.linear_solver.pywraplp  # noqa: F401  (for its load order only)
 import pulp
 
-from planner.milp import PlanningProblem, Solution
+from planner.milp import PlanningProblem, Solution, completion_ms, evaluate
 
 
-def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
+def solve_pulp(p: PlanningProblem, time_limit_s: float, gap: float = 0.0) -> Solution:
     if (bad := Solution.contradictory(p, "pulp")) is not None:  # the `dis` bounds below would cross
         return bad
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
     prob += T + pulp.lpSum(q * v for q, v in queue) + pulp.lpSum(cost_terms) + p.constant_ms
     with warnings.catch_warnings():  # PuLP 3.3 flags PULP_CBC_CMD for its 4.0 rename; it is the bundled CBC
         warnings.simplefilter("ignore", DeprecationWarning)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap, gapAbs=0.5)
         prob.solve(solver)
     ms = (time.perf_counter() - t0) * 1000
     status = pulp.LpStatus[prob.status]
@@ -95,13 +95,16 @@ def solve_pulp(p: PlanningProblem, time_limit_s: float) -> Solution:
         return Solution("no_solution", tuple((0, 0, 0) for _ in p.groups), 0, 0, -math.inf, ms, "pulp")
     x = tuple(tuple(int(round(X[gi, r].value() or 0)) for r in R) for gi in range(len(p.groups)))
     obj = int(round(pulp.value(prob.objective)))
-    # PuLP's CBC interface reports no dual bound: only a proven optimum has bound == objective
-    bound = float(obj) if st == "optimal" else -math.inf
+    # PuLP's CBC interface reports no dual bound: a proven optimum is within the gap of the objective
+    bound = float(obj) * (1.0 - gap) if st == "optimal" else -math.inf
     completion = int(round(T.value())) + sum(q * int(round(v.value() or 0)) for q, v in queue)
+    priced = evaluate(p, x)  # T and the selection are auxiliary: within a gap they may sit above their minimum
+    if priced is not None and priced < obj:
+        obj, completion = priced, completion_ms(p, tuple(sum(v[r] for v in x) for r in R)) or 0  # type: ignore[arg-type]
     return Solution(st, x, completion, obj, bound, ms, "pulp")  # type: ignore[arg-type]
 
 
-def pulp_model(lm, time_limit_s: float, t0: float | None = None):
+def pulp_model(lm, time_limit_s: float, t0: float | None = None, gap: float = 0.0):
     """A program given as data (planner.backends.LinearModel) solved through PuLP's CBC: the
     mixed-layout program's PuLP path translates the same rows as the other backends."""
     from planner.backends import INF, Raw
@@ -121,13 +124,13 @@ def pulp_model(lm, time_limit_s: float, t0: float | None = None):
     prob += pulp.lpSum(c * xs[v] for v, c in lm.obj.items()) + lm.const
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5))
+        prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap, gapAbs=0.5))
     ms = (time.perf_counter() - t0) * 1000
     status = pulp.LpStatus[prob.status]
     value = pulp.value(prob.objective)
     obj = round(value) if value is not None else lm.const  # None: an objective without variables
     if status == "Optimal" and prob.sol_status == pulp.LpSolutionOptimal:
-        return Raw([v.value() or 0.0 for v in xs], "optimal", obj, float(obj), ms, "pulp")
+        return Raw([v.value() or 0.0 for v in xs], "optimal", obj, float(obj) * (1.0 - gap), ms, "pulp")
     if prob.sol_status == pulp.LpSolutionIntegerFeasible:
         return Raw([v.value() or 0.0 for v in xs], "feasible", obj, -math.inf, ms, "pulp")
     return Raw(None, "infeasible" if status == "Infeasible" else "no_solution", math.inf, -math.inf, ms, "pulp")

@@ -87,7 +87,7 @@ def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, option
     problem = build_problem(state, inputs, now_s, options)
 
     def run(p: PlanningProblem) -> Solution:
-        return solve(p, be, settings.time_limit_s, settings.workers, settings.seed)
+        return solve(p, be, settings.time_limit_s, settings.workers, settings.seed, settings.relative_gap)
 
     sol = run(problem)
     if sol.status in ("optimal", "feasible"):
@@ -103,7 +103,7 @@ def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float,
     settings = inputs.solver
 
     def run(p: MixedProblem) -> Solution:
-        return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed)
+        return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed, gap=settings.relative_gap)
 
     # nodes that run the same instances folded first (a relaxation: fewer groups, no symmetric
     # layouts to enumerate); its layout stands when it splits back onto the nodes at the price

@@ -45,6 +45,8 @@ MISTAKES = [
     Mistake("unknown cluster", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(cluster="moon-base")), "cluster", "moon-base", "crossover-16xh800"),
     Mistake("missing required field", EXPERIMENT, _set(EXPERIMENT, lambda d: d.pop("model")), "model", "<missing>", "required"),
     Mistake("negative number", WORKLOAD, _set(WORKLOAD, lambda d: d["env_latency_s"].update(mean=-1.5)), "env_latency_s.mean", "-1.5", "greater than or equal to 0"),
+    Mistake("relative gap above its range", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(solver={"backend": "cbc", "relative_gap": 0.7})),
+            "solver.relative_gap", "0.7", "less than or equal to 0.5"),
     Mistake("zero batch", WORKLOAD, _set(WORKLOAD, lambda d: d.update(trajectories_per_batch=0)), "trajectories_per_batch", "0", "greater than 0"),
     Mistake("wrong type", WORKLOAD, _set(WORKLOAD, lambda d: d.update(trajectories_per_batch="many")), "trajectories_per_batch", "many", "valid integer"),
     Mistake("uniform without max", WORKLOAD, _set(WORKLOAD, lambda d: d.update(turns={"kind": "uniform", "min": 3})), "turns", "uniform", "min and max"),

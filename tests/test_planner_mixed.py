@@ -241,6 +241,23 @@ def test_no_degree_alternative_beats_an_optimum_and_decisions_read_back() -> Non
     assert compared >= 40, compared  # 51 alternatives on the 150 feasible cases
 
 
+def test_a_relative_gap_stops_the_search_within_it() -> None:
+    """With `gap`, a box goes once its bound reaches (1 - gap) x the incumbent: the layout is
+    within the gap of brute force, its bound below the optimum, and the gap is used (some
+    searches stop above the optimum)."""
+    gap, above = 0.3, 0
+    for i, (state, inputs, want) in enumerate(cases()):
+        if want is None:
+            continue
+        problem = build_mixed_problem(state, inputs, 0.0)
+        sol = solve_mixed(problem, "cbc", time_limit_s=10.0, gap=gap)
+        assert sol.status == "optimal", (i, sol.status)
+        assert want <= sol.objective_ms == evaluate_mixed(problem, sol.x) <= want / (1 - gap) + 0.5, (i, sol.objective_ms, want)
+        assert sol.best_bound_ms <= want + 0.5, (i, sol.best_bound_ms, want)
+        above += sol.objective_ms > want
+    assert above > 0  # 27 of the 150 feasible cases
+
+
 def test_one_kind_alone_is_exact_at_every_count() -> None:
     """floor(S N / k) >= S exactly when N >= k: one kind is predicted as the homogeneous table."""
     for k_max in (1, 2, 7, 64, 4096):
