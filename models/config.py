@@ -377,7 +377,7 @@ class SolverSpec(Frozen):
     time_limit_s: Annotated[float, Range(0, 3600, open_lo=True, floor=1e-3)] = 1.0  # per decision
     workers: Annotated[int, Range(0, 1024, open_lo=True)] = 8
     # a decision is "optimal" once proven within this share of its objective: 0 proves the exact
-    # optimum; 0.01 lets a 4096-GPU mixed decision stop ~8x sooner (README, "What a looser proof would buy")
+    # optimum; 0.01 lets a 4096-GPU mixed decision stop ~8x sooner (README, "What a looser proof buys")
     relative_gap: Annotated[float, Range(0, 0.5)] = 0.0
 
 
