@@ -90,6 +90,10 @@ class Decision:
     # The trainer's timeline plans returns of lent GPUs on it, so a queue that does not
     # materialise cannot make a return late (nan: same as predicted_completion_s)
     earliest_completion_s: float = math.nan
+    # mixed layouts: the share of a batch one instance of each (role, GPU type, TP) kind carries
+    # at the predicted operating point (1/k; 0: the prediction idles the kind). The router splits
+    # the load by these (runtime/router.py), as the prediction assumes; empty: equal instances
+    shares: tuple[tuple[str, str, int, float], ...] = ()
 
     @property
     def timeline_s(self) -> float:
@@ -137,4 +141,6 @@ class Decision:
         }
         if by_type := self.layout_by_type():
             out["layout_by_type"] = {ty: {r: {str(t): n for t, n in d.items()} for r, d in roles.items()} for ty, roles in by_type.items()}
+        if self.shares:
+            out["shares"] = [{"role": r, "gpu_type": ty, "tp": t, "share": round(w, 6)} for r, ty, t, w in self.shares]
         return out

@@ -49,7 +49,7 @@ def mixed_decision_from(problem: MixedProblem, x: tuple[tuple[int, ...], ...], p
     mode = "colocated" if tot[0] > 0 else "disaggregated"
     obj = (t or 0) + trans if objective_ms is None else objective_ms
     return Decision(mode, tot[0], tot[1], tot[2], tuple(targets), (t_batch or 0) / 1000.0, trans / 1000.0, int(obj), proof, lent,  # type: ignore[arg-type]
-                    earliest_completion_s=(t_paths or 0) / 1000.0)
+                    earliest_completion_s=(t_paths or 0) / 1000.0, shares=mixed.routing_shares(problem, x))
 
 
 def build_any(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options()) -> PlanningProblem | MixedProblem:

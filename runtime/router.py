@@ -22,10 +22,24 @@ STICKY_FACTOR = 2.0
 STICKY_SLACK = 4.0
 
 
-def pick(candidates: Sequence[K], load: Callable[[K], float], home: K | None, draw: Callable[[int], int]) -> K | None:
-    """An engine for one request; `home` must be one of `candidates` or None; `draw(n)` is uniform on [0, n)."""
+def pick(candidates: Sequence[K], load: Callable[[K], float], home: K | None, draw: Callable[[int], int],
+         share: Callable[[K], float] | None = None) -> K | None:
+    """An engine for one request; `home` must be one of `candidates` or None; `draw(n)` is uniform on [0, n).
+
+    `share` (mixed layouts: the batch share the decision's prediction gives the engine's kind,
+    `Decision.shares`) weighs the loads: an engine is compared by load / its share relative to
+    the largest, and one of share 0 (a kind the prediction idles) gets nothing while another
+    can serve. Equal shares route exactly as without them."""
     if not candidates:
         return None
+    if share is not None:
+        top = max(share(c) for c in candidates)
+        if top > 0:
+            candidates = [c for c in candidates if share(c) > 0]
+            if home is not None and share(home) <= 0:
+                home = None
+            raw = load
+            load = lambda c: raw(c) * top / share(c)  # noqa: E731
     if len(candidates) == 1:
         best = candidates[0]
     else:

@@ -16,7 +16,7 @@ from models.config import CostWeights
 from planner.backends import BACKENDS
 from planner.inputs import ActionCosts, MemoryModel, PlanningInputs, RoleTable, SolverSettings
 from planner.milp import Options
-from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, layout_of, share_units, solve_mixed, splits_at_price
+from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, layout_of, routing_shares, share_units, solve_mixed, splits_at_price
 from planner.solve import solve_step
 from planner.state import GPU, ClusterState, TrainerPhase
 from mixed_cases import mixed_oracle, random_mixed_inputs, random_mixed_state, random_twin_state
@@ -211,6 +211,17 @@ def test_best_layout_uses_two_tp_degrees_at_once() -> None:
     for only in (1, 2):  # either degree alone is slower, by brute force too
         single = replace(inputs, variants=tuple(v for v in inputs.variants if v.tp == only))
         assert mixed_oracle(state, single) == {1: 114_286, 2: 150_000}[only]
+
+
+def test_routing_shares_are_each_kinds_share_at_the_predicted_point() -> None:
+    """At the optimum's 100 s, a TP2 instance carries 1/3 of the batch (300 s / 3) and a TP1 one
+    1/8 (800 s / 8): 2/3 + 3/8 covers it. The decision carries them for the router."""
+    state, inputs = two_degree_case()
+    problem = build_mixed_problem(state, inputs, 0.0)
+    sol = solve_mixed(problem, "cpsat", time_limit_s=10.0)
+    assert sorted(routing_shares(problem, sol.x)) == [("colocated", "H800", 1, 1 / 8), ("colocated", "H800", 2, 1 / 3)]
+    _, _, decision = solve_step(state, inputs, 0.0, backend="cbc")
+    assert sorted(decision.shares) == [("colocated", "H800", 1, 1 / 8), ("colocated", "H800", 2, 1 / 3)]
 
 
 def test_degree_alternatives_move_a_groups_gpus_to_the_other_degrees() -> None:

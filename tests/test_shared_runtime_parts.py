@@ -112,6 +112,23 @@ def test_pick_home_against_an_idle_alternative() -> None:
     assert router.pick(["home"], {"home": 50.0}.__getitem__, "home", draws()) == "home"  # nothing else to go to
 
 
+def test_pick_weighs_loads_by_the_decisions_shares() -> None:
+    """Mixed layouts: an engine is compared by load / its kind's share (relative to the largest);
+    a kind the prediction idles (share 0) gets nothing while another serves, even as home;
+    equal shares route as no shares."""
+    loads = {"fast": 3.0, "slow": 1.0}
+    share = {"fast": 0.5, "slow": 0.125}.__getitem__  # slow carries a quarter of fast's share
+    assert router.pick(["fast", "slow"], loads.__getitem__, None, draws(0, 0)) == "slow"  # unweighted: fewer requests
+    assert router.pick(["fast", "slow"], loads.__getitem__, None, draws(0, 0), share) == "fast"  # 3 / 1 < 1 / 0.25
+    idle = {"fast": 0.5, "idle": 0.0}.__getitem__
+    assert router.pick(["fast", "idle"], {"fast": 50.0, "idle": 0.0}.__getitem__, "idle", draws(0, 0), idle) == "fast"
+    assert router.pick(["idle"], {"idle": 9.0}.__getitem__, None, draws(), idle) == "idle"  # nothing else can serve
+    equal = {"home": 0.25, "b": 0.25, "c": 0.25}.__getitem__
+    for home_load in (10.0, 10.0001):
+        loads = {"home": home_load, "b": 3.0, "c": 7.0}
+        assert router.pick(["home", "b", "c"], loads.__getitem__, "home", draws(1, 0), equal) == router.pick(["home", "b", "c"], loads.__getitem__, "home", draws(1, 0))
+
+
 # ----------------------------------------------------------------------------- router.path
 @pytest.mark.parametrize(("co", "pd", "mode", "home", "want"), [
     (True, True, "disaggregated", "colocated", "colocated"),  # stays where its prefix is

@@ -74,6 +74,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         self.initial_blob_ref: Any = None  # step 0 weights: what runtime.control frozen_engines keeps pushing
         self.t0 = time.monotonic()
         self.mode, self.ratio, self.wanted_mode = "colocated", "", "colocated"
+        self.shares: dict[tuple[str, str, int], float] = {}  # the decision's batch share per (role, GPU type, TP) kind (empty: equal)
         self.kinds = ""  # serving workers per GPU type, role and TP degree, e.g. 'H20 3C@TP4; H800 1C@TP4'
         self.trainer_phase = "waiting"  # runtime.naming.TRAINER_PHASES
         self.ready_batches = 0  # rolled out, not yet taken by the trainer
@@ -170,6 +171,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
                 self.timeline_s = d.timeline_s
                 self.predicted_from = len(self.tracker.history)
             self.wanted_mode = d.mode
+            self.shares = {(r, ty, t): w for r, ty, t, w in d.shares}
             if not plan.empty:  # a held (gated) decision still carries its mandatory part: recalls, returns, forced shrinks
                 task = self._submit(plan, raise_errors=wait if raise_errors is None else raise_errors)
             self._update_mode()

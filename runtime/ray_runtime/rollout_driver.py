@@ -60,7 +60,9 @@ class RolloutDriver:
     def _pick(self, role: str, prefer: str | None) -> SlotRuntime | None:
         cands = self.table.serving(role)
         home = self.rec.get(prefer) if prefer is not None else None
-        return router.pick(cands, lambda r: r.load, home if home in cands else None, self.rng.randrange)
+        shares = self.shares
+        share = (lambda r: shares.get((role, *self.table.kind_of(r)), 0.0)) if shares else None
+        return router.pick(cands, lambda r: r.load, home if home in cands else None, self.rng.randrange, share)
 
     async def _route(self, t: Trajectory, colocated_only: bool = False) -> tuple[SlotRuntime | None, SlotRuntime | None]:
         """(prefill, decode) for disaggregated, (colocated, None) for colocated; waits for capacity.

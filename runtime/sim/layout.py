@@ -41,6 +41,7 @@ class PolicyStep:
     mode: str
     predicted_s: float = math.nan  # the batch time the trainer's timeline assumes for the decision (Decision.timeline_s; nan: none)
     info: dict = field(default_factory=dict)
+    shares: tuple[tuple[str, str, int, float], ...] = ()  # Decision.shares: how the router splits a mixed layout's load
 
 
 class SimPolicy(Protocol):

@@ -58,4 +58,4 @@ class PlannerPolicy:
         }
         if by_type := d.layout_by_type():  # mixed layouts: instances per GPU type, role and TP degree
             info["layout_by_type"] = by_type
-        return PolicyStep(step.plan, d.mode, d.timeline_s, info)
+        return PolicyStep(step.plan, d.mode, d.timeline_s, info, d.shares)

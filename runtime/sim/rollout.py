@@ -71,7 +71,9 @@ class RolloutSide:
     def _pick(self, role: str, home: tuple[int, int] | None):
         h = self._home(role, home)
         inst = self.instances
-        iid = router.pick(self.ready[role], lambda i: inst[i].engine.load(), h.iid if h is not None else None, self.prng.randrange)
+        shares = self.shares
+        share = (lambda i: shares.get((role, self.nodes[inst[i].nid].gpu, len(inst[i].slots)), 0.0)) if shares else None
+        iid = router.pick(self.ready[role], lambda i: inst[i].engine.load(), h.iid if h is not None else None, self.prng.randrange, share)
         return None if iid is None else inst[iid]
 
     def _path(self, tr: Traj) -> str | None:

@@ -131,6 +131,7 @@ class Simulator(RolloutSide, ClusterSide):
         self.next_step = 0
         self.phase = "waiting"  # runtime.naming.TRAINER_PHASES
         self.mode = "colocated"
+        self.shares: dict[tuple[str, str, int], float] = {}  # the decision's batch share per (role, GPU type, TP) kind (empty: equal)
         self.executor = Executor()
         self.acting: dict = {}  # (plan, action) -> (action, instance) for actions in progress
         self.ledger = LoanLedger()
@@ -246,6 +247,8 @@ class Simulator(RolloutSide, ClusterSide):
             self.r.failure = self.r.failure or str(step.info["error"])
         if math.isfinite(step.predicted_s):
             self.predicted_s = step.predicted_s
+        if step.shares or "error" not in step.info:  # a failed decision keeps the layout, and its split
+            self.shares = {(r, ty, t): w for r, ty, t, w in step.shares}
         if not step.plan.empty:  # a held decision's plan carries its mandatory part (recalls, returns)
             if step.mode != self.mode and event != "initial":
                 self.r.mode_switches += 1  # the initial layout is a choice, not a switch
