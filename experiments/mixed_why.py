@@ -29,11 +29,10 @@ from models.config import load_experiment  # noqa: E402
 from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, group_transition_ms, layout_of  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
 from planner.state import ROLES  # noqa: E402
+from runtime.sim.metrics import layout_label  # noqa: E402
 from runtime.sim.planner_adapter import PlannerPolicy  # noqa: E402
 from runtime.sim.run import TraceFlags, load_availability  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
-
-LETTER = {"colocated": "C", "prefill": "P", "decode": "D"}
 
 
 def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
@@ -61,18 +60,14 @@ def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
         for a in degree_alternatives(problem, x):
             g = problem.groups[a.group]
             rows.append({
-                "t_s": round(now), "event": event, "status": d.proof.status, "layout": _layout_text(layout),
+                "t_s": round(now), "event": event, "status": d.proof.status, "layout": "; ".join(f"{ty} {lab}" for ty, lab in layout_label(layout).items()),
                 "gpu": g.gpu_type, "pool": g.pool, "nodes": list(g.nodes), "gpus": g.total_cap, "role": ROLES[a.role],
-                "chosen": f"{a.instances}{LETTER[ROLES[a.role]]}@TP{a.tp}", "alternative": f"{a.alt_instances}{LETTER[ROLES[a.role]]}@TP{a.alt_tp}",
+                "chosen": f"{a.instances}{ROLES[a.role][0].upper()}@TP{a.tp}", "alternative": f"{a.alt_instances}{ROLES[a.role][0].upper()}@TP{a.alt_tp}",
                 "completion_delta_s": None if a.completion_ms is None else round((a.completion_ms - (chosen - trans)) / 1000, 1),
                 "transition_delta_s": round((a.transition_ms - trans) / 1000, 1),
                 "objective_delta_s": None if a.objective_ms is None else round((a.objective_ms - chosen) / 1000, 1),
             })
     return rows
-
-
-def _layout_text(layout: dict) -> str:
-    return "; ".join(f"{ty} " + " ".join(f"{n}{LETTER[r]}@TP{tp}" for r, by in roles.items() for tp, n in sorted(by.items())) for ty, roles in sorted(layout.items()))
 
 
 def main() -> None:

@@ -439,17 +439,28 @@ def _floors(p: MixedProblem) -> tuple[int, int, int]:
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def _completion(roles: tuple[RoleKinds, ...], modes: tuple[str, ...], counts: tuple[dict[Kind, int], ...], queue: bool = True) -> int | None:
+def _operating_point(roles: tuple[RoleKinds, ...], modes: tuple[str, ...], counts: tuple[dict[Kind, int], ...],
+                     queue: bool = True) -> tuple[int, dict[int, tuple[int, int]]] | None:
+    """A layout's completion and, per serving role, the (T, Q) it is met at; None if its mode is invalid."""
     n = [sum(c.values()) for c in counts]
     if n[0] > 0 and n[1] == 0 and n[2] == 0:
         col = roles[0].options(counts[0])
-        return min(t + q * queue for t, q in col) if col and "colocated" in modes else None
+        if not col or "colocated" not in modes:
+            return None
+        t, q = min(col, key=lambda o: o[0] + o[1] * queue)
+        return t + q * queue, {0: (t, q)}
     if n[0] == 0 and n[1] > 0 and n[2] > 0 and "disaggregated" in modes:
         a, b = roles[1].options(counts[1]), roles[2].options(counts[2])
         if not a or not b:
             return None
-        return min(max(ta, tb) + (qa + qb) * queue for ta, qa in a for tb, qb in b)
+        (ta, qa), (tb, qb) = min(((oa, ob) for oa in a for ob in b), key=lambda o: max(o[0][0], o[1][0]) + (o[0][1] + o[1][1]) * queue)
+        return max(ta, tb) + (qa + qb) * queue, {1: (ta, qa), 2: (tb, qb)}
     return None
+
+
+def _completion(roles: tuple[RoleKinds, ...], modes: tuple[str, ...], counts: tuple[dict[Kind, int], ...], queue: bool = True) -> int | None:
+    point = _operating_point(roles, modes, counts, queue)
+    return None if point is None else point[0]
 
 
 def completion_ms(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
@@ -473,18 +484,9 @@ def routing_shares(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> tuple[tup
     H20 ones than without them, where the prediction idles them)."""
     counts = p.counts(x)
     roles = p.batch_roles
-    n = [sum(c.values()) for c in counts]
-    picked: dict[int, tuple[int, int]] = {}
-    if n[0] > 0 and n[1] == n[2] == 0:
-        opts = roles[0].options(counts[0])
-        if opts:
-            picked[0] = min(opts, key=lambda o: o[0] + o[1])
-    elif n[0] == 0 and n[1] > 0 and n[2] > 0:
-        a, b = roles[1].options(counts[1]), roles[2].options(counts[2])
-        if a and b:
-            picked[1], picked[2] = min(((oa, ob) for oa in a for ob in b), key=lambda o: max(o[0][0], o[1][0]) + o[0][1] + o[1][1])
+    point = _operating_point(roles, p.modes, counts)
     out = []
-    for r, (t, q) in sorted(picked.items()):
+    for r, (t, q) in sorted(point[1].items() if point is not None else ()):
         for kt in roles[r].kinds:
             if counts[r].get(kt.kind, 0) > 0:
                 k = int(kt.fewest(np.array(t), np.array(q))) if kt.k.size else 0
