@@ -39,6 +39,8 @@ def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
     spec = load_experiment(config)
     hours = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
     models = build_models(spec)
+    if not models.variants:
+        raise SystemExit(f"mixed_why: {config} has one GPU type and one TP degree per role; it needs a mixed cluster (configs/experiments/mixed-elastic.yaml)")
     record: list = []
     pol = PlannerPolicy("pearl", models, record=record)
     Simulator(models, pol, load_availability(spec, TraceFlags(), hours), hours=hours, seed=seed).run()
