@@ -6,6 +6,7 @@ returned is a frozen value the planner can use without touching disk.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from models.config import ConfigError, ExperimentSpec, default_profile_name, pd_profile_path, profile_path, rollout_nodes
@@ -100,50 +101,57 @@ def load_fewer_engine_profiles(spec: ExperimentSpec) -> dict[int, EngineProfile]
 
 
 def build_models(spec: ExperimentSpec, batch: int | None = None, profile: EngineProfile | None = None, env_scale: float = 1.0,
-                 pd_profile: EngineProfile | None = None, speed: float = 1.0, fewer_engines: dict[int, EngineProfile] | None = None) -> ExperimentModels:
+                 pd_profile: EngineProfile | None = None, speed: float = 1.0, fewer_engines: dict[int, EngineProfile] | None = None,
+                 type_speeds: Mapping[str, float] | None = None) -> ExperimentModels:
     """Predictor and transition costs for the experiment (`predictor`: the rollout GPU type at the
     smallest degree allowed per role; a mixed cluster also gets `variants`, one predictor per
     (GPU type, TP degree), which the planner's mixed program uses).
 
     Colocated instances use `profile` (default: the experiment's); prefill and decode instances
     use `pd_profile` (default: the experiment's P/D profile, else `profile`). `speed` scales both
-    (the runtime tracker's measured speed). Colocated layouts that run fewer engines on their
-    busiest node than a full node does use `fewer_engines` (by engine count; default: the
-    deployment's, `profile_by_engines`), also scaled. Callers that build often pass the
+    (the runtime tracker's measured speed); `type_speeds` scales each named GPU type's engines
+    further (a mixed cluster's per-type speeds: the tracker's, or the emulated engines' truth).
+    Colocated layouts that run fewer engines on their busiest node than a full node does use
+    `fewer_engines` (by engine count; default: the deployment's, `profile_by_engines`), also
+    scaled. Callers that build often pass the
     profiles, read once with `load_profiles` and `load_fewer_engine_profiles`."""
     if profile is None or (pd_profile is None and spec.pd_profile_name is not None):
         loaded, loaded_pd = load_profiles(spec)
         profile, pd_profile = profile or loaded, pd_profile or loaded_pd
     if fewer_engines is None:
         fewer_engines = load_fewer_engine_profiles(spec) if spec.colocated_by_engines else {}
-    profile = profile.scaled(speed)
-    pd = pd_profile.scaled(speed) if pd_profile is not None else profile
+    gpu = rollout_gpu_type(spec)
+    per_type = dict(type_speeds or {})
+    speed_of = lambda typ: speed * per_type.get(typ, 1.0)  # noqa: E731
+    home_speed = speed_of(gpu)
+    profile = profile.scaled(home_speed)
+    pd = pd_profile.scaled(home_speed) if pd_profile is not None else profile
     tp = spec.cluster.tp
     tc, tpp, tpd = tp.colocated[0], tp.prefill[0], tp.decode[0]
-    gpu = rollout_gpu_type(spec)
     predictor = RolloutPredictor(
         shape=batch_shape(spec.workload, batch, env_scale),
         colocated_engine=step_model(spec, profile, tc),
         prefill_engine=step_model(spec, pd, tpp),
         decode_engine=step_model(spec, pd, tpd),
         kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
-        colocated_by_engines=tuple((n, step_model(spec, f.scaled(speed), tc)) for n, f in sorted(fewer_engines.items())),
+        colocated_by_engines=tuple((n, step_model(spec, f.scaled(home_speed), tc)) for n, f in sorted(fewer_engines.items())),
         rollout_nodes=rollout_nodes(spec.cluster),
     )
     costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))
-    variants, labels = variant_predictors(spec, predictor, profile, pd, speed) if is_mixed(spec) else ((), ())
+    variants, labels = variant_predictors(spec, predictor, profile, pd, speed_of) if is_mixed(spec) else ((), ())
     return ExperimentModels(spec, profile, gpu, tc, tpp, tpd, predictor, costs, variants, labels)
 
 
 def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: EngineProfile, pd: EngineProfile,
-                       speed: float) -> tuple[tuple[tuple[str, int, RolloutPredictor], ...], tuple[tuple[str, str, str], ...]]:
+                       speed_of: Callable[[str], float]) -> tuple[tuple[tuple[str, int, RolloutPredictor], ...], tuple[tuple[str, str, str], ...]]:
     """One predictor per (GPU type, TP degree) of a mixed cluster.
 
-    The rollout type keeps the experiment's profiles; every other type reads its own
-    (`<type>-<model>.json`, measured or datasheet-derived as its label says; load_experiment
-    checked that it exists). A decode instance's path charges the unloaded prefill and the KV
-    send of a prefill instance of its own type and degree, so each role's table depends on its
-    own kind alone and the program stays separable (a mixed P/D pair is priced as if alike)."""
+    The rollout type keeps the experiment's profiles (`profile`, `pd`: already scaled); every
+    other type reads its own (`<type>-<model>.json`, measured or datasheet-derived as its label
+    says; load_experiment checked that it exists), scaled by `speed_of(type)`. A decode
+    instance's path charges the unloaded prefill and the KV send of a prefill instance of its
+    own type and degree, so each role's table depends on its own kind alone and the program
+    stays separable (a mixed P/D pair is priced as if alike)."""
     gpu = rollout_gpu_type(spec)
     tp = spec.cluster.tp
     degrees = sorted(set(tp.colocated) | set(tp.prefill) | set(tp.decode))
@@ -153,7 +161,7 @@ def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: En
             col, dis = profile, pd
         else:
             name = default_profile_name(typ, spec.model_name)
-            col = dis = load_profile(profile_path(spec).with_name(f"{name}.json")).scaled(speed)
+            col = dis = load_profile(profile_path(spec).with_name(f"{name}.json")).scaled(speed_of(typ))
         labels.append((typ, col.name, col.label))
         for t in degrees:
             step = StepLatencyModel(spec.model, spec.gpu(typ), t, col)

@@ -464,6 +464,8 @@ class RuntimeSpec(Frozen):
     trainer_world_size: GPUCount = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: GPUCount = Field(1, description="emulated backend: actors hosting the virtual GPUs")
     refit: bool = Field(True, description="refit the predictor from each measured step; false plans with the configured models throughout (what the simulator does)")
+    emulated_slowdown: dict[str, Annotated[float, Range(0, 100, open_lo=True)]] = Field(
+        default_factory=dict, description="emulated engines of these GPU types run this many times slower than their profile says (a deployment whose profiles are off per type, e.g. a datasheet-derived one): what the tracker's per-type speeds learn; the planner starts from the profiles")
     request_log: bool = Field(False, description="write a `request` metrics record per engine call: the driver's send and receive times, the actor's time around the call and the engine's own timestamps (experiments/engine_timings.py reads them; ~260 bytes per call)")
     max_restarts_per_slot: Annotated[int, Range(0, 100)] = Field(3, description="restarts of a slot whose worker died before the run stops with the slot and cause named")
     restart_backoff_s: Annotated[float, Range(0, 600)] = Field(1.0, description="wait before restarting a dead slot, doubling with each death of that slot (capped at 60 s)")
@@ -765,6 +767,12 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
     for typ in exp.elastic_traces:
         if typ not in elastic_types:
             raise ConfigError(path, f"elastic_traces.{typ}", typ, f"a GPU type of an elastic node group: one of {elastic_types}")
+    serving_types = sorted({g.gpu for g in cluster.nodes})
+    for typ in exp.runtime.emulated_slowdown:
+        if typ not in serving_types:
+            raise ConfigError(path, f"runtime.emulated_slowdown.{typ}", typ, f"a GPU type of the cluster: one of {serving_types}")
+    if exp.runtime.emulated_slowdown and exp.runtime.backend != "emulated":
+        raise ConfigError(path, "runtime.emulated_slowdown", exp.runtime.backend, "runtime.backend: emulated (real engines run at their own speed)")
     if exp.elastic_traces and exp.trace is not None:
         raise ConfigError(path, "trace", exp.trace.path, "absent when elastic_traces drives each elastic type")
     elastic_traces = {typ: _resolve_trace(t, root) for typ, t in exp.elastic_traces.items()}
