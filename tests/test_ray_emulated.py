@@ -183,3 +183,23 @@ def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trac
         for typ, n in d["state"]["elastic_available"].items():
             used = sum(int(tp) * c for by_tp in d["layout_by_type"].get(typ, {}).values() for tp, c in by_tp.items())
             assert used <= n, (d["event"], typ, used, n)
+
+
+@pytest.mark.ray
+def test_the_tracker_learns_a_slow_gpu_types_speed_from_its_engines(tmp_path):
+    """A mixed cluster whose H20 engines run twice as slow as their profile says
+    (`runtime.emulated_slowdown`; the planner starts from the profiles). One batch time cannot
+    say which type is off; each type's engines' busy time against what their models predict
+    for the requests they served can (`TypeTimes`). Once a batch ran on both H20 and H800, the
+    tracker's per-type speeds hold the H20 about twice as slow as the H800 (null run: 0.93-1.04)."""
+    cfg = tmp_path / "slow-h20.yaml"
+    text = (ROOT / "configs/experiments/train-mixed-emulated.yaml").read_text()
+    cfg.write_text(text.replace("  backend: emulated\n", "  backend: emulated\n  emulated_slowdown: {H20: 2.0}\n"))
+    metrics = tmp_path / "m.jsonl"
+    proc = run_pearl("train", "--config", str(cfg), "--steps", "6", "--metrics", str(metrics), "--json", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["record"] == "rollout_step"]
+    both = [s for s in steps if {t for t, n, _, _ in s["type_seconds"] if n >= 16} >= {"H20", "H800"} and not s["disrupted"]]
+    assert both, [(s["kinds"], s["type_seconds"]) for s in steps]  # the trace brings the H20 by step 3-4
+    speeds = steps[-1]["type_speeds"]
+    assert 1.6 <= speeds["H20"] / speeds["H800"] <= 2.4, (speeds, [s["type_seconds"] for s in both])

@@ -321,3 +321,58 @@ def test_a_switch_the_executor_began_is_draining_in_the_next_decisions_view_befo
     before, after = asyncio.run(view())
     assert before == [(before[0][0], "colocated", False)]
     assert after == [(before[0][0], "colocated", True)], after  # held while it drains: not switched again
+
+
+def test_request_times_tell_a_slowed_gpu_type_apart():
+    """Per-type speeds from requests (`TypeTimes`): emulated engines whose H20 runs twice as slow
+    as its profile (`runtime.emulated_slowdown`), H800 as profiled, each serving the same
+    concurrent requests. The engines' measured / predicted busy seconds (each request priced at
+    the mean concurrency it met, `SlotRuntime.add_load`) is twice as large on the H20, and the
+    tracker's per-type speeds learn that ratio from these rows. Per request instead (each
+    request's own latency against its model) the H20 read 3.4 and the H800 1.7 with no slowdown
+    at all: a latency also holds the other requests' prefills, heavier on a type with less compute."""
+    import time
+
+    from models.builder import build_models
+    from models.config import load_experiment, profile_path
+    from models.step_latency import load_profile
+    from runtime.ray_runtime.engines import GenRequest
+    from runtime.ray_runtime.resources import Slot
+    from runtime.ray_runtime.rollout_worker import EmulatedSettings, RolloutWorker
+    from runtime.ray_runtime.slot_table import SlotRuntime
+    from runtime.ray_runtime.telemetry import RuntimeTracker, TypeTimes
+
+    spec = load_experiment(Path(__file__).resolve().parent.parent / "configs/experiments/train-mixed-emulated.yaml")
+    truth = build_models(spec, type_speeds={"H20": 2.0})
+    scale, n, prompt, new = 2.0, 24, 1500, 64  # a slow clock: a wall-clock hiccup (a GC pass) weighs little
+    w = RolloutWorker("emulated", None, EmulatedSettings(truth.predictor.colocated_engine, time_scale=scale, engine_start_s=0.0, engines=truth.engines()))
+    kinds = {0: ("H800", 4), 1: ("H20", 4)}
+    slots = {i: SlotRuntime(Slot(f"g{i}", i, "rollout", "r", "")) for i in kinds}
+    times = TypeTimes(build_models(spec).engines(), lambda r: kinds[r.slot.index], scale)
+
+    async def one(i: int, k: int) -> None:
+        r = slots[i]
+        req = GenRequest(f"r{i}-{k}", tuple(range(5 + k, 5 + k + prompt)), new, "full", 1.0)
+        sent = time.monotonic()
+        area = r.add_load(1, sent)
+        res = await w.generate(i, req)
+        back = time.monotonic()
+        times.add(r, req.phase, prompt, res.cached_tokens, len(res.token_ids), (r.add_load(0, back) - area) / (back - sent))
+        r.add_load(-1, back)
+
+    async def run() -> None:
+        for i, kind in kinds.items():
+            assert (await w.start_slot(i, "colocated", kind))["ok"]
+            await w.generate(i, GenRequest(f"warm{i}", (1, 2, 3), 2, "full", 1.0))  # the first step's one-off costs, amplified by the time scale
+        times.reset(slots.values())
+        await asyncio.gather(*(one(i, k) for i in kinds for k in range(n)))
+        await w.shutdown()
+
+    asyncio.run(run())
+    rows = {typ: (count, m / p) for typ, count, m, p in times.rows()}
+    assert rows["H800"][0] == rows["H20"][0] == n
+    assert rows["H800"][1] == pytest.approx(1.0, rel=0.2), rows
+    assert rows["H20"][1] / rows["H800"][1] == pytest.approx(2.0, rel=0.15), rows
+    tracker = RuntimeTracker(spec, load_profile(profile_path(spec)))
+    tracker.refit_type_speeds(times.rows())
+    assert tracker.type_speeds["H20"] / tracker.type_speeds["H800"] == pytest.approx(2.0, rel=0.15)

@@ -105,3 +105,50 @@ def test_a_disrupted_step_leaves_the_engine_speed_alone() -> None:
     assert t.speed == speed
     assert t.spec.workload.turns.expected() != pytest.approx(turns_before)
     assert stalled.prediction()["disrupted"] == why
+
+
+def _mixed_tracker() -> RuntimeTracker:
+    spec = load_experiment(CONFIG_ROOT / "experiments/train-mixed-emulated.yaml")
+    return RuntimeTracker(spec, load_profile(profile_path(spec)))
+
+
+def _decode_step_s(tracker: RuntimeTracker, typ: str) -> float:
+    return float(tracker.models().engines()[("colocated", typ, 4)].decode_time(32, 2000))
+
+
+def test_per_type_speeds_follow_each_types_requests_relative_to_the_batch():
+    """A mixed cluster's types are profiled apart (H20 and A100 datasheet-derived): a batch whose
+    H20 requests took twice what their model says, and the H800's as predicted, makes the H20
+    twice as slow as the H800 relative to before; the pooled level stays the batch fit's."""
+    t = _mixed_tracker()
+    before = _decode_step_s(t, "H20") / _decode_step_s(t, "H800")
+    home = float(t.models().predictor.colocated_engine.decode_time(32, 2000))  # H800: the rollout type's own predictor
+    t.refit_type_speeds((("H20", 40, 200.0, 100.0), ("H800", 160, 400.0, 400.0)))
+    assert t.type_speeds["H20"] / t.type_speeds["H800"] == pytest.approx(2.0)
+    assert _decode_step_s(t, "H20") / _decode_step_s(t, "H800") == pytest.approx(2.0 * before)
+    assert float(t.models().predictor.colocated_engine.decode_time(32, 2000)) == pytest.approx(home * t.type_speeds["H800"])
+    # the predicted-seconds-weighted mean of the first speeds is 1: the level is not moved
+    assert (100 * t.type_speeds["H20"] + 400 * t.type_speeds["H800"]) / 500 == pytest.approx(1.0)
+    # a later batch that ran as the refitted models said leaves them; one whose H20 requests
+    # took half their prediction moves each type halfway to its exact speed (EMA, alpha 0.5)
+    first = dict(t.type_speeds)
+    t.refit_type_speeds((("H20", 40, 100.0, 100.0), ("H800", 160, 400.0, 400.0)))
+    assert t.type_speeds == pytest.approx(first)
+    t.refit_type_speeds((("H20", 40, 50.0, 100.0), ("H800", 160, 400.0, 400.0)))
+    pooled = 450.0 / 500.0
+    assert t.type_speeds["H20"] == pytest.approx(first["H20"] * (0.5 + 0.5 * 0.5 / pooled))
+    assert t.type_speeds["H800"] == pytest.approx(first["H800"] * (0.5 + 0.5 / pooled))
+
+
+def test_a_batch_of_one_type_or_few_requests_leaves_type_speeds_alone():
+    t = _mixed_tracker()
+    t.refit_type_speeds((("H800", 200, 800.0, 400.0),))  # one type: only the batch fit can say
+    t.refit_type_speeds((("H20", 5, 50.0, 10.0), ("H800", 200, 400.0, 400.0)))  # 5 requests say too little
+    assert t.type_speeds == {}
+    # through observe: a disrupted step says nothing either
+    p0 = t.models().predictor.colocated(2).completion_s
+    rows = (("H20", 40, 200.0, 100.0), ("H800", 160, 400.0, 400.0))
+    t.observe(replace(_step(t, p0, p0), type_seconds=rows, disrupted="2 resumed turns"))
+    assert t.type_speeds == {}
+    t.observe(replace(_step(t, p0, p0), type_seconds=rows))
+    assert t.type_speeds["H20"] / t.type_speeds["H800"] == pytest.approx(2.0)

@@ -91,7 +91,6 @@ class Bootstrap:
 
     async def setup(self) -> None:
         from models.builder import load_fewer_engine_profiles, load_profiles
-        from planner.inputs import planning_inputs
         from planner.policies import get_policy
         from runtime.ray_runtime.env_worker import EnvWorker
         from runtime.ray_runtime.fsdp_trainer import FSDPTrainer
@@ -111,7 +110,7 @@ class Bootstrap:
         w = spec.workload
         self.tracker = RuntimeTracker(spec, *load_profiles(spec), env_scale=1.0, base_fewer_engines=load_fewer_engine_profiles(spec))
         self.policy = get_policy(spec.policy.name)
-        self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
+        self._refresh_inputs()
         self.predicted_s = self.timeline_s = prior_batch_s(self.inputs, spec.cluster.gpus_in_pool("rollout"))  # until a decision predicts
         emulated_train_s = train_step_s(spec, expected_batch_tokens(spec))
         sign = -1.0 if rt.control == "flipped_advantage" else 1.0
@@ -124,7 +123,7 @@ class Bootstrap:
         tok = self.model_path if self.backend == "vllm" and rt.task == "calculator" else None
         self.env = self._remote(EnvWorker, max_concurrency=100000, **self._driver_node()).remote(tok, w.turns, w.env_latency_s, w.initial_prompt_tokens, w.new_tokens_per_turn, self.scale, spec.seed)
         if self.backend == "emulated":
-            models = self.tracker.models()
+            models = self.tracker.models(type_speeds=rt.emulated_slowdown)  # the engines' truth: the planner starts from the profiles
             costs = models.costs
             self.emulated = EmulatedSettings(models.predictor.colocated_engine, self.scale, spec.model.vocab, costs.role_switch_s, costs.engine_start_s, spec.workload.prefix_cache_hit,
                                              engines=models.engines(), colocated_by_engines=models.predictor.colocated_by_engines,

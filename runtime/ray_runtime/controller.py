@@ -40,7 +40,7 @@ from runtime.ray_runtime.resources import elastic_schedule, make_slots, resolve_
 from runtime.ray_runtime.rollout_driver import RolloutDriver
 from runtime.ray_runtime.scenarios import apply_load_change, elastic_loop
 from runtime.ray_runtime.slot_table import SlotRuntime, SlotTable
-from runtime.ray_runtime.telemetry import MetricsWriter, StepTelemetry
+from runtime.ray_runtime.telemetry import MetricsWriter, StepTelemetry, TypeTimes
 from runtime.ray_runtime.trainer_loop import TrainerLoop
 from runtime.sim.metrics import layout_label
 from runtime.timeline import TrainerTimeline, return_due_at
@@ -99,6 +99,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
         self._init_nodes()
         self.tracker: Any = None
         self.inputs: Any = None
+        self.type_times = TypeTimes({}, self.table.kind_of, self.scale)  # per GPU type: a batch's engine seconds, measured vs predicted
         self.policy: Any = None
         self._bg: set[asyncio.Task] = set()
         self._plans: set[asyncio.Future] = set()
@@ -243,7 +244,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
                 if self.rt.refit:  # else the configured models plan throughout (as in the simulator)
                     self.tracker.observe(tel)
                     self._refresh_inputs()
-                self.metrics.write("rollout_step", **tel.__dict__, error=tel.error, gen_tok_per_s=tel.generated_tokens / max(seconds, 1e-9), resumed_turns=self.resumed_turns, kv_handoffs=self.kv_handoffs)
+                self.metrics.write("rollout_step", **tel.__dict__, error=tel.error, speed=round(self.tracker.speed, 4), type_speeds={k: round(v, 4) for k, v in self.tracker.type_speeds.items()}, gen_tok_per_s=tel.generated_tokens / max(seconds, 1e-9), resumed_turns=self.resumed_turns, kv_handoffs=self.kv_handoffs)
                 self.ready_batches += 1
                 await queue.put((b, trajs, tel))
 
@@ -281,7 +282,9 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
     def _refresh_inputs(self) -> None:
         from planner.inputs import planning_inputs
 
-        self.inputs = planning_inputs(self.tracker.models(), max_gpus=len(self.table.slots))
+        models = self.tracker.models()
+        self.inputs = planning_inputs(models, max_gpus=len(self.table.slots))
+        self.type_times.engines = models.engines()
 
     async def _until_fatal(self, work: Any) -> None:
         """Await `work` unless the run fails first (a slot past its restart bound): then cancel

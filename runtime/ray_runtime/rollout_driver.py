@@ -93,12 +93,15 @@ class RolloutDriver:
 
     async def _call(self, r: SlotRuntime, req: GenRequest) -> GenResult | EngineDied | None:
         """The request's result; EngineDied if its engine died under it; None if we stopped it."""
-        r.load += 1
+        sent = time.monotonic()
+        area = r.add_load(1, sent)
         actor = r.actor
         try:
-            sent = time.monotonic()
             res: GenResult = await actor.generate.remote(r.slot_no, req)
             r.served += 1
+            back = time.monotonic()
+            if back > sent and res.finish_reason != "abort":
+                self.type_times.add(r, req.phase, len(req.prompt_ids), res.cached_tokens, len(res.token_ids), (r.add_load(0, back) - area) / (back - sent))
             if self.rt.request_log:  # the engine's own timestamps (one clock per machine: `sent` and `back` read it too)
                 self.metrics.write("request", worker=r.worker_id, phase=req.phase, prompt_tokens=len(req.prompt_ids), generated=len(res.token_ids), cached=res.cached_tokens,
                                    loaded=res.loaded_tokens, in_flight=r.load, sent=round(sent, 6), back=round(time.monotonic(), 6), actor_s=round(res.elapsed_s, 6), engine_times=res.engine_times)
@@ -120,7 +123,7 @@ class RolloutDriver:
                 return EngineDied(r.worker_id, error)
             return EngineDied(r.worker_id, error) if r.slot.gpu in self.table.dead else None
         finally:
-            r.load -= 1
+            r.add_load(-1, time.monotonic())
 
     async def _turn(self, t: Trajectory, max_tokens: int) -> tuple[list[int], list[float], int]:
         """One policy turn: routed by mode; interrupted requests resume elsewhere with their prefix.
@@ -238,6 +241,7 @@ class RolloutDriver:
         n = self.batch_size
         trajs = [Trajectory(f"b{b}-{i}", b, i // g, self.spec.seed * 100003 + b * 1009 + i // g) for i in range(n)]
         self.trajectories_in_flight = trajs
+        self.type_times.reset(self.rec.values())
         t0 = time.monotonic()
         self.batch_started[b] = t0
         self.current_batch = b
@@ -275,6 +279,7 @@ class RolloutDriver:
             mean_response_tokens=gen / max(sum(turns), 1), mean_env_s=float(sum(t.env_s for t in trajs) / max(sum(t.turns for t in trajs), 1)),
             generated_tokens=int(gen), rollout_s=seconds * self.scale, predicted_s=self.predicted_s, mode=self.mode, ratio=self.ratio,
             fitted_on_steps=self.predicted_from, disrupted=disruption(sum(t.resumes for t in trajs), b in self.starved_batches), kinds=self.kinds,
+            type_seconds=self.type_times.rows(),
         )
 
     async def _kv_stats(self, r: SlotRuntime) -> dict[str, float]:

@@ -36,6 +36,20 @@ class SlotRuntime:
     parked: bool = False  # a returned training slot: process and engine alive, serving nothing
     failures: int = 0  # unplanned deaths of this slot's worker (bounded: runtime.max_restarts_per_slot)
     last_error: str = ""
+    load_area: float = 0.0  # requests in flight integrated over the caller's clock (`add_load`)
+    busy_s: float = 0.0  # time with a request in flight, on the same clock
+    load_at: float = 0.0
+
+    def add_load(self, delta: int, now: float) -> float:
+        """Change the requests in flight at time `now`; returns the area so far (requests x
+        seconds): the difference of two readings over their interval is the mean concurrency a
+        request met there, which its engine's step times depend on."""
+        dt = max(now - self.load_at, 0.0)
+        self.load_area += self.load * dt
+        self.busy_s += dt if self.load > 0 else 0.0
+        self.load_at = now
+        self.load += delta
+        return self.load_area
 
     @property
     def worker_id(self) -> str:

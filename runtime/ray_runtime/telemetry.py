@@ -12,6 +12,10 @@ while applying plans) and refits the predictor for the next decision:
     profile measured on another machine or setting converges to this deployment; a disrupted
     step (turns resumed after an engine death, requests waiting through a transition) leaves
     the speed alone;
+  - per-type speeds (a mixed cluster): each GPU type's engines' busy time against what their
+    step models predict for the requests they served (`TypeTimes`), relative to the batch's
+    pooled ratio, moves that type's speed (`refit_type_speeds`): a type whose profile is off
+    (a datasheet-derived one) is found, which one batch time cannot say;
   - transition costs: EMAs of measured engine start and role-switch seconds.
 Each step's measured-vs-predicted error is written to the metrics.
 """
@@ -23,14 +27,14 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from models.builder import ExperimentModels, build_models, is_mixed
 from models.config import Distribution, ExperimentSpec, layout_counts
 from models.speed import SPEED_RANGE, solve_speed
-from models.step_latency import EngineProfile
+from models.step_latency import EngineProfile, StepLatencyModel
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class StepTelemetry:
     fitted_on_steps: int = 0  # measured steps behind the prediction: all earlier than this one
     disrupted: str = ""  # why the batch did not run at its layout's speed (resumed turns, no worker of a role); "" if it did
     kinds: str = ""  # the layout by GPU type, role and TP degree when the batch ended ('H20 3C@TP4; H800 1C@TP4')
+    type_seconds: tuple[tuple[str, int, float, float], ...] = ()  # per GPU type: requests, measured and predicted engine seconds (`TypeTimes`)
 
     @property
     def error(self) -> float:
@@ -69,6 +74,67 @@ def disruption(resumed_turns: int, starved: bool) -> str:
     transition). The predictor prices neither (transitions are the planner's cost term)."""
     why = [f"{resumed_turns} resumed turns"] * bool(resumed_turns) + ["requests waited for a worker of their role"] * starved
     return "; ".join(why)
+
+
+MIN_TYPE_REQUESTS = 16  # a type's generating requests in a batch before its engine seconds say anything
+
+
+def request_engine_s(engine: StepLatencyModel, phase: str, prompt: int, cached: int, generated: int, concurrency: float) -> float:
+    """The engine time a generating request costs by its step model: its prefill (a colocated
+    request's uncached prompt) and its share of one decode step per token among the
+    `concurrency` sequences it met (a step serves them all). Summed over an engine's requests
+    this is the engine's busy time the model predicts: prefill and decode weigh as they do on
+    that type, whatever order the requests came in."""
+    b = max(concurrency, 1.0)
+    out = generated * float(engine.decode_time(b, prompt + generated / 2)) / b
+    if phase == "full":
+        out += float(engine.prefill_time(max(prompt - cached, 1), 1.0, cached))
+    return out
+
+
+@dataclass
+class TypeTimes:
+    """One batch per GPU type: its engines' busy time as measured (virtual seconds with a request
+    in flight, `SlotRuntime.busy_s`) and as the planner's step models predict it from the
+    generating requests they served (`request_engine_s`).
+
+    Why: a mixed cluster's types are profiled apart (some datasheet-derived); one batch time
+    cannot tell which type is off, but every request names its engine's type. The tracker
+    compares the types' measured / predicted (`RuntimeTracker.refit_type_speeds`). Per engine,
+    not per request: a request's own latency also holds the other requests' prefills, which
+    weigh more on a type with less compute."""
+
+    engines: dict[tuple[str, str, int], StepLatencyModel]  # the models in use, by (role, GPU type, TP)
+    kind_of: Callable[[Any], tuple[str, int]]  # a slot's (GPU type, TP degree)
+    scale: float  # virtual seconds per wall second
+    predicted: dict[str, list[float]] = field(default_factory=dict)  # per type: [requests, predicted engine seconds]
+    served: dict[int, Any] = field(default_factory=dict)  # slots that served a counted request this batch
+    busy_at: dict[int, float] = field(default_factory=dict)  # per slot: busy_s when the batch began
+
+    def reset(self, slots: Iterable[Any]) -> None:
+        self.predicted, self.served = {}, {}
+        self.busy_at = {id(s): s.busy_s for s in slots}
+
+    def add(self, slot: Any, phase: str, prompt: int, cached: int, generated: int, concurrency: float) -> None:
+        """One finished request on `slot` (prefill-only and short requests say too little: skipped)."""
+        if phase not in ("full", "decode") or generated < 8:
+            return
+        typ, tp = self.kind_of(slot)
+        engine = self.engines.get(("colocated" if phase == "full" else "decode", typ, tp))
+        if engine is None:
+            return
+        row = self.predicted.setdefault(typ, [0, 0.0])
+        row[0] += 1
+        row[1] += request_engine_s(engine, phase, prompt, cached, generated, concurrency)
+        self.served[id(slot)] = slot
+
+    def rows(self) -> tuple[tuple[str, int, float, float], ...]:
+        """Per type: requests, measured and predicted busy seconds of the engines that served them."""
+        busy: dict[str, float] = {}
+        for key, slot in self.served.items():
+            typ = self.kind_of(slot)[0]
+            busy[typ] = busy.get(typ, 0.0) + (slot.busy_s - self.busy_at.get(key, 0.0)) * self.scale
+        return tuple((typ, int(n), round(busy.get(typ, 0.0), 4), round(p, 4)) for typ, (n, p) in sorted(self.predicted.items()))
 
 
 def _with_mean(d: Distribution, mean: float) -> Distribution:
@@ -101,13 +167,30 @@ class RuntimeTracker:
     alpha: float = 0.5
     speed: float = 1.0
     speed_measured: bool = False
+    type_speeds: dict[str, float] = field(default_factory=dict)  # a mixed cluster's per-type speeds, relative (`refit_type_speeds`)
     history: list[StepTelemetry] = field(default_factory=list)
     transition_s: dict[str, float] = field(default_factory=dict)
 
-    def models(self, speed: float | None = None) -> ExperimentModels:
-        """The refitted models, at the measured speed unless `speed` says another."""
+    def models(self, speed: float | None = None, type_speeds: dict[str, float] | None = None) -> ExperimentModels:
+        """The refitted models, at the measured speeds unless `speed` / `type_speeds` say others."""
         return build_models(self.spec, profile=self.base_profile, env_scale=self.env_scale, pd_profile=self.base_pd_profile,
-                            speed=self.speed if speed is None else speed, fewer_engines=self.base_fewer_engines)
+                            speed=self.speed if speed is None else speed, fewer_engines=self.base_fewer_engines,
+                            type_speeds=self.type_speeds if type_speeds is None else type_speeds)
+
+    def refit_type_speeds(self, seconds: tuple[tuple[str, int, float, float], ...]) -> None:
+        """Move each GPU type's speed by its engines' measured / predicted busy seconds over the
+        batch's pooled measured / predicted (`TypeTimes` rows): relative, so the level stays the
+        batch-time fit's (`speed`) and what every type's prediction leaves out alike cancels.
+        The first measurement of a type replaces its 1.0, later ones enter the EMA; a type with
+        fewer than MIN_TYPE_REQUESTS requests, or a batch of one type, says nothing."""
+        rows = [(typ, m, p) for typ, n, m, p in seconds if n >= MIN_TYPE_REQUESTS and m > 0 and p > 0]
+        if len(rows) < 2:
+            return
+        pooled = sum(m for _, m, _ in rows) / sum(p for _, _, p in rows)
+        for typ, m, p in rows:
+            old = self.type_speeds.get(typ)
+            exact = float(np.clip((1.0 if old is None else old) * m / p / pooled, *SPEED_RANGE))
+            self.type_speeds[typ] = exact if old is None else (1 - self.alpha) * old + self.alpha * exact
 
     def record_transition(self, kind: str, seconds: float) -> None:
         old = self.transition_s.get(kind)
@@ -145,6 +228,7 @@ class RuntimeTracker:
             exact = self.exact_speed(t)
             self.speed = exact if not self.speed_measured else (1 - self.alpha) * self.speed + self.alpha * exact
             self.speed_measured = True
+            self.refit_type_speeds(t.type_seconds)
         w = self.spec.workload
         a = self.alpha
 
