@@ -464,6 +464,7 @@ class RuntimeSpec(Frozen):
     trainer_world_size: GPUCount = Field(1, description="fsdp trainer: ranks (processes; one CUDA device each when CUDA is visible, gloo on CPU)")
     hosts: GPUCount = Field(1, description="emulated backend: actors hosting the virtual GPUs")
     refit: bool = Field(True, description="refit the predictor from each measured step; false plans with the configured models throughout (what the simulator does)")
+    refit_types: bool = Field(True, description="with refit, a mixed cluster also learns each GPU type's speed from its engines' busy time (false: one speed for all types)")
     emulated_slowdown: dict[str, Annotated[float, Range(0, 100, open_lo=True)]] = Field(
         default_factory=dict, description="emulated engines of these GPU types run this many times slower than their profile says (a deployment whose profiles are off per type, e.g. a datasheet-derived one): what the tracker's per-type speeds learn; the planner starts from the profiles")
     request_log: bool = Field(False, description="write a `request` metrics record per engine call: the driver's send and receive times, the actor's time around the call and the engine's own timestamps (experiments/engine_timings.py reads them; ~260 bytes per call)")

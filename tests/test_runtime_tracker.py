@@ -152,3 +152,11 @@ def test_a_batch_of_one_type_or_few_requests_leaves_type_speeds_alone():
     assert t.type_speeds == {}
     t.observe(replace(_step(t, p0, p0), type_seconds=rows))
     assert t.type_speeds["H20"] / t.type_speeds["H800"] == pytest.approx(2.0)
+
+
+def test_refit_types_false_keeps_one_speed_for_all_types():
+    t = _mixed_tracker()
+    t.spec = t.spec.model_copy(update={"runtime": t.spec.runtime.model_copy(update={"refit_types": False})})
+    p0 = t.models().predictor.colocated(2).completion_s
+    t.observe(replace(_step(t, p0, p0 * 1.5), type_seconds=(("H20", 40, 200.0, 100.0), ("H800", 160, 400.0, 400.0))))
+    assert t.type_speeds == {} and t.speed == pytest.approx(1.5)

@@ -228,7 +228,8 @@ class RuntimeTracker:
             exact = self.exact_speed(t)
             self.speed = exact if not self.speed_measured else (1 - self.alpha) * self.speed + self.alpha * exact
             self.speed_measured = True
-            self.refit_type_speeds(t.type_seconds)
+            if self.spec.runtime.refit_types:
+                self.refit_type_speeds(t.type_seconds)
         w = self.spec.workload
         a = self.alpha
 
