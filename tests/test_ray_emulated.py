@@ -203,3 +203,4 @@ def test_the_tracker_learns_a_slow_gpu_types_speed_from_its_engines(tmp_path):
     assert both, [(s["kinds"], s["type_seconds"]) for s in steps]  # the trace brings the H20 by step 3-4
     speeds = steps[-1]["type_speeds"]
     assert 1.6 <= speeds["H20"] / speeds["H800"] <= 2.4, (speeds, [s["type_seconds"] for s in both])
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["type_speeds"] == speeds  # the run's summary says what it learned

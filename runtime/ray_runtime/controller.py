@@ -275,7 +275,7 @@ class Controller(Bootstrap, PlanRunner, RolloutDriver, TrainerLoop, NodeWatch):
                              list(self.failed_trajectories), failures, self.weights_verified, self.weights_mismatched, self.ledger.train_delay_s, self.forced_returns,
                              [{**t.prediction(), "layout": t.ratio, "profile": self.spec.profile_of_layout(t.ratio)} for t in self.steps_seen], self.spec.profile_name, list(self.steps_detail), self.rt.control,
                              self.node_report(), list(self.node_events), self.placement_mismatches, {k: v[:12] for k, v in self.services.items()},
-                             self.spec.pd_profile_name)
+                             self.spec.pd_profile_name, self.tracker.speed, dict(self.tracker.type_speeds))
         self.metrics.write("summary", **summary.to_json(), resumed_turns=self.resumed_turns, worker_versions=versions)
         return summary
 

@@ -56,6 +56,8 @@ class RunSummary:
     placement_mismatches: int = 0  # workers that ran on another Ray node than their slot's
     services: dict[str, str] = field(default_factory=dict)  # driver, trainer, env -> Ray node (on a cluster: all the head)
     pd_profile: str | None = None  # the P/D instances' own profile, where the deployment names one (`profile_by_engines`)
+    speed: float = 1.0  # the tracker's engine speed at the end (x the profiles' step times)
+    type_speeds: dict[str, float] = field(default_factory=dict)  # and per GPU type on a mixed cluster, relative (RuntimeTracker.refit_type_speeds)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,7 +71,7 @@ class RunSummary:
             "profile": self.profile, "pd_profile": self.pd_profile, "prediction_error_pct": [p["error_pct"] for p in self.predictions], "predictions": self.predictions,
             "control": self.control, "steps_detail": self.steps_detail,
             "nodes": self.nodes, "node_events": self.node_events, "placement_mismatches": self.placement_mismatches,
-            "services": self.services,
+            "services": self.services, "speed": round(self.speed, 4), "type_speeds": {k: round(v, 4) for k, v in self.type_speeds.items()},
         }
 
 
