@@ -54,7 +54,7 @@ class StepTelemetry:
     fitted_on_steps: int = 0  # measured steps behind the prediction: all earlier than this one
     disrupted: str = ""  # why the batch did not run at its layout's speed (resumed turns, no worker of a role); "" if it did
     kinds: str = ""  # the layout by GPU type, role and TP degree when the batch ended ('H20 3C@TP4; H800 1C@TP4')
-    type_seconds: tuple[tuple[str, int, float, float], ...] = ()  # per GPU type: requests, measured and predicted engine seconds (`TypeTimes`)
+    type_seconds: tuple[tuple[str, int, float, float], ...] = ()  # per GPU type: requests, its engines' measured and predicted busy seconds (`TypeTimes`)
 
     @property
     def error(self) -> float:
