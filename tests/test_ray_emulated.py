@@ -28,8 +28,10 @@ def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"steps", "weight_version", "mean_reward", "transitions_applied", "modes_used", "lost_trajectories", "failed_trajectories", "worker_failures",
                         "late_returns", "train_delay_s", "forced_returns", "decisions", "solve_ms_p95", "kv_handoffs", "weights_verified", "weights_mismatched",
-                        "profile", "pd_profile", "prediction_error_pct", "predictions", "control", "steps_detail", "nodes", "node_events", "placement_mismatches", "services"}
-    assert out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["weights_mismatched"] == 0
+                        "profile", "pd_profile", "prediction_error_pct", "predictions", "control", "steps_detail", "nodes", "node_events", "placement_mismatches", "services",
+                        "speed", "type_speeds"}
+    assert out["failed_trajectories"] == [] and out["weights_mismatched"] == 0 and out["worker_failures"] == {}
+    assert out["speed"] > 0 and out["type_speeds"] == {}  # one GPU type: no per-type speeds
     # one row per step; the emulated trainer computes no loss, and the row says so (null)
     assert [d["step"] for d in out["steps_detail"]] == [0, 1, 2] and out["control"] == "none"
     assert all(d["loss"] is None and d["rollout_s"] > 0 for d in out["steps_detail"]), out["steps_detail"]
