@@ -100,13 +100,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/type_speeds.json"))
     args = ap.parse_args()
     slow, factor = parse_slowdown(args.slow)
+    if args.repeats < 1 or args.steps < 2:
+        raise SystemExit(f"type_speeds: --repeats {args.repeats} --steps {args.steps}; allowed: --repeats >= 1, --steps >= 2")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         base = load_experiment(args.config)
         check = base.model_copy(update={"runtime": base.runtime.model_copy(update={"emulated_slowdown": {slow: factor}})})
         types = sorted({g.gpu for g in check.cluster.nodes})
         if slow not in types or not 0 < factor <= 100:
-            raise ConfigError(args.config, "--slow", args.slow, f"a GPU type of the cluster ({types}) = a factor in (0, 100]")
+            raise ConfigError(args.config, "--slow", args.slow, f"TYPE=FACTOR, TYPE one of {types}, FACTOR in (0, 100]")
     except ConfigError as err:
         raise SystemExit(f"type_speeds: {err}") from None
     home = rollout_gpu_type(base)
