@@ -79,16 +79,19 @@ def disruption(resumed_turns: int, starved: bool) -> str:
 MIN_TYPE_REQUESTS = 16  # a type's generating requests in a batch before its engine seconds say anything
 
 
-def request_engine_s(engine: StepLatencyModel, phase: str, prompt: int, cached: int, generated: int, concurrency: float) -> float:
-    """The engine time a generating request costs by its step model: its prefill (a colocated
-    request's uncached prompt) and its share of one decode step per token among the
-    `concurrency` sequences it met (a step serves them all). Summed over an engine's requests
-    this is the engine's busy time the model predicts: prefill and decode weigh as they do on
-    that type, whatever order the requests came in."""
-    b = max(concurrency, 1.0)
-    out = generated * float(engine.decode_time(b, prompt + generated / 2)) / b
+def request_engine_s(engine: StepLatencyModel, phase: str, prompt: np.ndarray | float, cached: np.ndarray | float, generated: np.ndarray | float,
+                     concurrency: np.ndarray | float) -> np.ndarray:
+    """The engine time generating requests cost by their step model (arrays: one per request):
+    a colocated request's prefill of its uncached prompt, and each request's share of one
+    decode step per token among the `concurrency` sequences it met (a step serves them all).
+    Summed over an engine's requests this is the engine's busy time the model predicts: prefill
+    and decode weigh as they do on that type, whatever order the requests came in."""
+    b = np.maximum(np.asarray(concurrency, dtype=float), 1.0)
+    n = np.asarray(generated, dtype=float)
+    out = n * engine.decode_time(b, np.asarray(prompt, dtype=float) + n / 2) / b
     if phase == "full":
-        out += float(engine.prefill_time(max(prompt - cached, 1), 1.0, cached))
+        cached = np.asarray(cached, dtype=float)
+        out = out + engine.prefill_time(np.maximum(np.asarray(prompt, dtype=float) - cached, 1.0), 1.0, cached)
     return out
 
 
@@ -96,7 +99,7 @@ def request_engine_s(engine: StepLatencyModel, phase: str, prompt: int, cached: 
 class TypeTimes:
     """One batch per GPU type: its engines' busy time as measured (virtual seconds with a request
     in flight, `SlotRuntime.busy_s`) and as the planner's step models predict it from the
-    generating requests they served (`request_engine_s`).
+    generating requests they served (`request_engine_s`, priced once per batch).
 
     Why: a mixed cluster's types are profiled apart (some datasheet-derived); one batch time
     cannot tell which type is off, but every request names its engine's type. The tracker
@@ -107,25 +110,22 @@ class TypeTimes:
     engines: dict[tuple[str, str, int], StepLatencyModel]  # the models in use, by (role, GPU type, TP)
     kind_of: Callable[[Any], tuple[str, int]]  # a slot's (GPU type, TP degree)
     scale: float  # virtual seconds per wall second
-    predicted: dict[str, list[float]] = field(default_factory=dict)  # per type: [requests, predicted engine seconds]
+    requests: dict[tuple[str, str, int], list[tuple[int, int, int, float]]] = field(default_factory=dict)  # per engine kind: (prompt, cached, generated, concurrency)
     served: dict[int, Any] = field(default_factory=dict)  # slots that served a counted request this batch
     busy_at: dict[int, float] = field(default_factory=dict)  # per slot: busy_s when the batch began
 
     def reset(self, slots: Iterable[Any]) -> None:
-        self.predicted, self.served = {}, {}
+        self.requests, self.served = {}, {}
         self.busy_at = {id(s): s.busy_s for s in slots}
 
     def add(self, slot: Any, phase: str, prompt: int, cached: int, generated: int, concurrency: float) -> None:
         """One finished request on `slot` (prefill-only and short requests say too little: skipped)."""
         if phase not in ("full", "decode") or generated < 8:
             return
-        typ, tp = self.kind_of(slot)
-        engine = self.engines.get(("colocated" if phase == "full" else "decode", typ, tp))
-        if engine is None:
+        key = ("colocated" if phase == "full" else "decode", *self.kind_of(slot))
+        if key not in self.engines:
             return
-        row = self.predicted.setdefault(typ, [0, 0.0])
-        row[0] += 1
-        row[1] += request_engine_s(engine, phase, prompt, cached, generated, concurrency)
+        self.requests.setdefault(key, []).append((prompt, cached, generated, concurrency))
         self.served[id(slot)] = slot
 
     def rows(self) -> tuple[tuple[str, int, float, float], ...]:
@@ -134,7 +134,13 @@ class TypeTimes:
         for key, slot in self.served.items():
             typ = self.kind_of(slot)[0]
             busy[typ] = busy.get(typ, 0.0) + (slot.busy_s - self.busy_at.get(key, 0.0)) * self.scale
-        return tuple((typ, int(n), round(busy.get(typ, 0.0), 4), round(p, 4)) for typ, (n, p) in sorted(self.predicted.items()))
+        predicted: dict[str, list[float]] = {}
+        for (role, typ, tp), reqs in self.requests.items():
+            prompt, cached, generated, concurrency = np.array(reqs, dtype=float).T
+            row = predicted.setdefault(typ, [0, 0.0])
+            row[0] += len(reqs)
+            row[1] += float(request_engine_s(self.engines[(role, typ, tp)], "full" if role == "colocated" else "decode", prompt, cached, generated, concurrency).sum())
+        return tuple((typ, int(n), round(busy.get(typ, 0.0), 4), round(p, 4)) for typ, (n, p) in sorted(predicted.items()))
 
 
 def _with_mean(d: Distribution, mean: float) -> Distribution:
