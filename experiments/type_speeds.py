@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import statistics
+from collections import Counter
 import sys
 import tempfile
 from pathlib import Path
@@ -66,8 +67,10 @@ def summarize(steps: list[dict[str, Any]], slow: str, home: str) -> dict[str, An
     speeds = steps[-1]["type_speeds"] if steps else {}
     learned = speeds[slow] / speeds[home] if slow in speeds and home in speeds else None
     after = steps[first + 1 :] if first is not None else []
-    served = {t: n for s in after for t, n, _, _ in s["type_seconds"]}
-    total = sum(n for s in after for _, n, _, _ in s["type_seconds"])
+    served: Counter[str] = Counter()
+    for s in after:
+        served.update({t: n for t, n, _, _ in s["type_seconds"]})
+    total = sum(served.values())
     late = steps[len(steps) // 2 :]  # both variants have seen the slowed type by then (it serves from batch 2-5)
     errors = [abs(s["error"]) * 100 for s in late if not s["disrupted"]]
     return {
@@ -78,7 +81,7 @@ def summarize(steps: list[dict[str, Any]], slow: str, home: str) -> dict[str, An
         "late_batch_s": round(statistics.mean(s["rollout_s"] for s in late), 1) if late else None,
         "late_abs_error_pct": round(statistics.mean(errors), 1) if errors else None,
         "steps": [{"step": s["step"], "kinds": s["kinds"], "type_seconds": s["type_seconds"], "type_speeds": s["type_speeds"], "speed": s["speed"],
-                   "rollout_s": round(s["rollout_s"], 2), "predicted_s": round(s["predicted_s"], 2), "disrupted": s["disrupted"]} for s in steps],
+                   "rollout_s": round(s["rollout_s"], 2), "predicted_s": round(s["predicted_s"], 2), "error_pct": round(s["error"] * 100, 1), "disrupted": s["disrupted"]} for s in steps],
     }
 
 
