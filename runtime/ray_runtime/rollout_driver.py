@@ -104,7 +104,7 @@ class RolloutDriver:
                 self.type_times.add(r, req.phase, len(req.prompt_ids), res.cached_tokens, len(res.token_ids), (r.add_load(0, back) - area) / (back - sent))
             if self.rt.request_log:  # the engine's own timestamps (one clock per machine: `sent` and `back` read it too)
                 self.metrics.write("request", worker=r.worker_id, phase=req.phase, prompt_tokens=len(req.prompt_ids), generated=len(res.token_ids), cached=res.cached_tokens,
-                                   loaded=res.loaded_tokens, in_flight=r.load, sent=round(sent, 6), back=round(time.monotonic(), 6), actor_s=round(res.elapsed_s, 6), engine_times=res.engine_times)
+                                   loaded=res.loaded_tokens, in_flight=r.load, sent=round(sent, 6), back=round(back, 6), actor_s=round(res.elapsed_s, 6), engine_times=res.engine_times)
             return res
         except actor_errors() as exc:
             if await self._lost_with_node(r):
