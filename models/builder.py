@@ -122,7 +122,10 @@ def build_models(spec: ExperimentSpec, batch: int | None = None, profile: Engine
         fewer_engines = load_fewer_engine_profiles(spec) if spec.colocated_by_engines else {}
     gpu = rollout_gpu_type(spec)
     per_type = dict(type_speeds or {})
-    speed_of = lambda typ: speed * per_type.get(typ, 1.0)  # noqa: E731
+
+    def speed_of(typ: str) -> float:
+        return speed * per_type.get(typ, 1.0)
+
     home_speed = speed_of(gpu)
     profile = profile.scaled(home_speed)
     pd = pd_profile.scaled(home_speed) if pd_profile is not None else profile
