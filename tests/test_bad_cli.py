@@ -166,6 +166,19 @@ def test_policy_name_in_a_config_blames_the_config(tmp_path: Path) -> None:
         assert (m["place"], m["field"]) == (str(cfg), "policy.name") and "'bogus'" in m["value"], m.group(0)
 
 
+def test_an_emulated_slowdown_with_real_engines_blames_the_backend_flag(tmp_path: Path) -> None:
+    """A config that slows its emulated engines, run with `--backend vllm`: the slowdown would be
+    ignored, so the flag is refused (the config's own backend is checked when it loads)."""
+    cfg = tmp_path / "slowed.yaml"
+    data = yaml.safe_load((REPO_ROOT / "configs/experiments/train-mixed-emulated.yaml").read_text())
+    data["runtime"]["emulated_slowdown"] = {"H20": 2.0}
+    for trace in data["elastic_traces"].values():
+        trace["path"] = str(REPO_ROOT / trace["path"])
+    cfg.write_text(yaml.safe_dump(data))
+    m = one_error(pearl("train", "--config", str(cfg), "--backend", "vllm"))
+    assert (m["place"], m["field"]) == ("pearl train", "--backend") and "'vllm'" in m["value"] and "runtime.emulated_slowdown" in m["allowed"], m.group(0)
+
+
 # ----------------------------------------------------------------------------- output paths
 def output_cases(tmp: Path) -> list[tuple[list[str], str, str]]:
     """(argv, flag, allowed substring): each run would compute (or start Ray) for 10-60 s before writing."""

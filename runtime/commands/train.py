@@ -70,6 +70,8 @@ def train(
     where = ("pearl train", "--backend") if backend else (config, "runtime.backend")
     if chosen not in ("vllm", "emulated"):
         raise ConfigError(*where, chosen, "vllm or emulated")
+    if spec.runtime.emulated_slowdown and chosen != "emulated":  # the config's own backend was checked when it loaded
+        raise ConfigError(*where, chosen, f"emulated: {config} sets runtime.emulated_slowdown (real engines run at their own speed)")
     if chosen == "vllm" and not _has_vllm():
         raise ConfigError(*where, chosen, "emulated (vLLM is not installed here)")
     n = steps or spec.runtime.steps
