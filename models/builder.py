@@ -139,6 +139,7 @@ def build_models(spec: ExperimentSpec, batch: int | None = None, profile: Engine
         kv_link_gb_s=spec.cluster.inter_node_gb_s * tpp,
         colocated_by_engines=tuple((n, step_model(spec, f.scaled(home_speed), tc)) for n, f in sorted(fewer_engines.items())),
         rollout_nodes=rollout_nodes(spec.cluster),
+        wait_tail=spec.predictor.wait_tail,
     )
     costs = transition_costs(spec.model, spec.gpu(gpu), spec.cluster, tc, spec.transition_costs, max(spec.cluster.gpus_in_pool("training"), 1))
     variants, labels = variant_predictors(spec, predictor, profile, pd, speed_of) if is_mixed(spec) else ((), ())
@@ -169,7 +170,7 @@ def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: En
         for t in degrees:
             step = StepLatencyModel(spec.model, spec.gpu(typ), t, col)
             pd_step = StepLatencyModel(spec.model, spec.gpu(typ), t, dis)
-            out.append((typ, t, RolloutPredictor(home.shape, step, pd_step, pd_step, spec.cluster.inter_node_gb_s * t)))
+            out.append((typ, t, RolloutPredictor(home.shape, step, pd_step, pd_step, spec.cluster.inter_node_gb_s * t, wait_tail=home.wait_tail)))
     return tuple(out), tuple(labels)
 
 

@@ -414,6 +414,12 @@ class PolicySpec(Frozen):
     name: str = "pearl"
 
 
+class PredictorSpec(Frozen):
+    # predict the batch's last finisher under varying tool waits (models/wait_tail.py) rather than
+    # the trajectory with the most turns at the mean wait (README, "Predictor vs simulator")
+    wait_tail: bool = False
+
+
 class ElasticEventSpec(Frozen):
     """Inline elastic availability: from `at_s` (wall seconds after start) `available` elastic GPUs exist."""
 
@@ -502,6 +508,7 @@ class ExperimentSpec(Frozen):
     trace: TraceSpec | None
     seed: Seed
     runtime: RuntimeSpec = RuntimeSpec()
+    predictor: PredictorSpec = PredictorSpec()
     elastic_traces: dict[str, TraceSpec] = Field(default_factory=dict)  # per elastic GPU type (mixed clusters)
     pd_profile_name: str | None = None  # P/D instances' profile where one was measured as a pair
     # the experiment-file fields that chose the profiles, so an error about a profile names them
@@ -555,6 +562,7 @@ class ExperimentFile(Frozen):
     solver: SolverSpec = SolverSpec()
     training: TrainingSpec = TrainingSpec()
     policy: PolicySpec = PolicySpec()
+    predictor: PredictorSpec = PredictorSpec()
     trace: TraceSpec | None = None
     # mixed clusters: one availability trace per elastic GPU type (`{H20: {path: ...}, A100: ...}`),
     # each mapped onto that type's elastic GPUs; `trace` then drives none of them
@@ -794,6 +802,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         solver=exp.solver,
         training=exp.training,
         policy=exp.policy,
+        predictor=exp.predictor,
         trace=trace,
         seed=exp.seed,
         runtime=exp.runtime,

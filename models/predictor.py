@@ -79,8 +79,10 @@ import numpy as np
 from models import architecture as arch
 from models.config import WorkloadSpec, busiest_node_engines
 from models.step_latency import StepLatencyModel
+from models.wait_tail import active_behind, latest_finish, waits_spread
 
 FIXED_POINT_ITERS = 40
+BEHIND_ITERS = 4  # the last finisher's lighter load and its lag settle within 1% in 2-3 passes
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,9 @@ class RolloutPredictor:
     kv_link_gb_s: float
     colocated_by_engines: tuple[tuple[int, StepLatencyModel], ...] = ()
     rollout_nodes: int = 1
+    # predict the batch's last finisher under varying tool waits (models/wait_tail.py), not the
+    # trajectory with the most turns at the mean wait: `predictor.wait_tail` in an experiment
+    wait_tail: bool = False
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def colocated_engine_for(self, n: int) -> StepLatencyModel:
@@ -358,13 +363,35 @@ class RolloutPredictor:
         t = np.where(cap < 1.0, np.inf, t)
         return t, c
 
-    def _colocated_turns(self, n: np.ndarray, eng: StepLatencyModel | None = None):
+    def _critical(self, turns, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the batch's completion (s) and mean decode concurrency, from `turns(active)`,
+        the (rows, turns) turn times and concurrencies when `active` trajectories run at each
+        turn. Turn-indexed (the sum along the trajectory with the most turns), or with
+        `wait_tail` the last finisher's: its expected finish at the load it meets when behind
+        (models/wait_tail.py), iterated since that load sets its turn times and so its lag."""
+        s = self.shape
+        active = np.broadcast_to(s.active, (rows, s.turns))
+        t, c = turns(active)
+        plain = t.sum(axis=1)
+        if not self.wait_tail or not waits_spread(s.turns, s.env_s, s.env_var_s2):
+            return plain, c.mean(axis=1)
+        schedule = np.cumsum(t, axis=1) - t
+        done, excess = latest_finish(t, s.active, s.env_s, s.env_var_s2)
+        for _ in range(BEHIND_ITERS):
+            t, c = turns(active_behind(schedule, t, s.active, excess))
+            done, excess = latest_finish(t, s.active, s.env_s, s.env_var_s2)
+        # never before the trajectory with the most turns at the mean wait: E[max] >= max of the means
+        return np.maximum(done, plain), c.mean(axis=1)
+
+    def _colocated_turns(self, n: np.ndarray, eng: StepLatencyModel | None = None, active: np.ndarray | None = None):
         """Per instance count (rows) and turn (columns), all on engine `eng` (default: a full
         node's): trajectories per instance m, the (new, prefix) tokens memory pressure leaves,
-        the engine's prefill work, turn time and concurrency."""
+        the engine's prefill work, turn time and concurrency. `active`: per row and turn, the
+        trajectories running (default: the batch's, turn-indexed)."""
         eng = eng or self.colocated_engine
         s = self.shape
-        m = np.maximum(s.active[None, :] / np.asarray(n, dtype=float)[:, None], 1.0)
+        active = s.active[None, :] if active is None else active
+        m = np.maximum(active / np.asarray(n, dtype=float)[:, None], 1.0)
         new, prefix = self._pressured(eng, m, s.new_tokens, s.prefix_tokens, s.context_tokens())
         p_busy = eng.prefill_time(m * new, m, m * prefix)
         fixed = s.env_s + eng.prefill_time(new, 1.0, prefix) + eng.profile.outside_engine_s(m)
@@ -375,15 +402,17 @@ class RolloutPredictor:
         """Completion (s) and mean decode concurrency for each instance count in n, each on the
         engine model of its count (`colocated_engine_for`)."""
         n = np.asarray(n)
+
+        def on(eng: StepLatencyModel, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self._critical(lambda active: self._colocated_turns(k, eng, active)[-2:], k.size)
+
         if not self.colocated_by_engines:
-            *_, t, c = self._colocated_turns(n, self.colocated_engine)
-            return t.sum(axis=1), c.mean(axis=1)
+            return on(self.colocated_engine, n)
         engines = [self.colocated_engine_for(int(k)) for k in n.ravel()]
         total, conc = np.zeros(n.size), np.zeros(n.size)
         for eng in {id(e): e for e in engines}.values():
             at = np.array([e is eng for e in engines])
-            *_, t, c = self._colocated_turns(n.ravel()[at], eng)
-            total[at], conc[at] = t.sum(axis=1), c.mean(axis=1)
+            total[at], conc[at] = on(eng, n.ravel()[at])
         return total.reshape(n.shape), conc.reshape(n.shape)
 
     def colocated_engine_use(self, n: int) -> EngineUse:
@@ -414,20 +443,21 @@ class RolloutPredictor:
         eng = self.decode_engine
         s = self.shape
         n = np.asarray(n_d, dtype=float)[:, None]
-        m = np.maximum(s.active[None, :] / n, 1.0)
         new_p, prefix_p = s.prefill_engine_tokens()
-        # a context the decode instance evicted crosses the link again with the new tokens
-        sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
-        fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + eng.profile.outside_engine_s(m)
         handoff = eng.profile.kv_handoff
-        if handoff is None:
-            t, c = self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
-            return t.sum(axis=1), c.mean(axis=1)
-        # Measured takeover: admitting a turn's requests (loading their KV) is engine work that
-        # stalls decodes like a colocated engine's prefills, and each trajectory waits for its own.
-        busy = handoff.time(m, m * sent)
-        t, c = self._turn_times(eng, m, busy, fixed + handoff.time(1.0, sent), interfere=True)
-        return t.sum(axis=1), c.mean(axis=1)
+
+        def turns(active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            m = np.maximum(active / n, 1.0)
+            # a context the decode instance evicted crosses the link again with the new tokens
+            sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
+            fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + eng.profile.outside_engine_s(m)
+            if handoff is None:
+                return self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
+            # Measured takeover: admitting a turn's requests (loading their KV) is engine work that
+            # stalls decodes like a colocated engine's prefills, and each trajectory waits for its own.
+            return self._turn_times(eng, m, handoff.time(m, m * sent), fixed + handoff.time(1.0, sent), interfere=True)
+
+        return self._critical(turns, n.shape[0])
 
     def prefill_path_many(self, n_p: np.ndarray) -> np.ndarray:
         eng = self.prefill_engine
