@@ -31,13 +31,13 @@ from planner.policies import get_policy  # noqa: E402
 from planner.state import ROLES  # noqa: E402
 from runtime.sim.metrics import layout_label  # noqa: E402
 from runtime.sim.planner_adapter import PlannerPolicy  # noqa: E402
-from runtime.sim.run import TraceFlags, load_availability  # noqa: E402
+from runtime.sim.run import TraceFlags, load_availability, run_hours  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
 
 
 def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
     spec = load_experiment(config)
-    hours = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    hours = run_hours(spec, TraceFlags(hours=hours))
     models = build_models(spec)
     if not models.variants:
         raise SystemExit(f"mixed_why: {config} has one GPU type and one TP degree per role; it needs a mixed cluster (configs/experiments/mixed-elastic.yaml)")

@@ -61,14 +61,16 @@ def load_window(spec: ExperimentSpec, tspec: TraceSpec, offset_hours: float | No
     return load_trace(tspec, pool_gpus=pool or None, offset_hours=offset_hours, hours=hours)
 
 
-def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, hours: float | None = None) -> dict:
+def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, hours: float | None = None,
+                       fallback_hours: float | None = None) -> dict:
     """`elastic_traces`: each elastic GPU type's window, mapped to that type's GPUs (flags override
-    every trace's window, as `pearl simulate` does)."""
+    every trace's window; `fallback_hours` spans a trace without `hours`, else its whole file)."""
     from runtime.traces import load_trace
 
     out = {}
     for typ, tspec in spec.elastic_traces.items():
-        out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=hours)
+        span = hours if hours is not None else None if tspec.hours else fallback_hours
+        out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=span)
     return out
 
 

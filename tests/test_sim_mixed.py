@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import yaml
+
+from cli_cases import invoke, strict_loads
 from models.config import load_experiment
 from runtime.sim.metrics import layout_label, longest_held_layout
 from models.builder import build_models
@@ -16,7 +20,7 @@ from planner.state import ROLES
 from planner.transition import build_plan
 from runtime.sim.layout import PolicyStep
 from runtime.sim.planner_adapter import NO_PLAN
-from runtime.sim.run import TraceFlags, load_availability, make_policy
+from runtime.sim.run import TraceFlags, load_availability, make_policy, run_hours
 from runtime.sim.simulator import Simulator
 
 CONFIG = "configs/experiments/mixed-elastic.yaml"
@@ -30,6 +34,22 @@ def test_each_elastic_type_follows_its_own_trace() -> None:
         pool = spec.cluster.gpus_in_pool("elastic", typ)
         assert max(trace.gpus) == pool and min(trace.gpus) == 0, typ  # scale_to_pool: that type's own pool
     assert list(avail["H20"].gpus) != list(avail["A100"].gpus)
+
+
+def test_simulate_and_compare_span_the_per_type_trace_hours(config_tree: Path) -> None:
+    """Without `trace`, a run spans `elastic_traces.<type>.hours` as `pearl plan` does: each type
+    its own window, the run the longest (it once ran the default 2 h whatever they said)."""
+    cfg = config_tree / "experiments/mixed-elastic.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data["elastic_traces"]["H20"]["hours"], data["elastic_traces"]["A100"]["hours"] = 0.05, 0.03
+    cfg.write_text(yaml.safe_dump(data))
+    spec = load_experiment(cfg)
+    assert run_hours(spec) == 0.05 and run_hours(spec, TraceFlags(hours=0.02)) == 0.02
+    avail = load_availability(spec, TraceFlags(), run_hours(spec))
+    assert (avail["H20"].duration_s, avail["A100"].duration_s) == (0.05 * 3600, 0.03 * 3600)
+    for argv in (["simulate"], ["compare", "--policies", "roll"]):
+        out = invoke([*argv, "--config", str(cfg), "--json"], 60)
+        assert out.exit_code == 0 and strict_loads(out.stdout)["hours"] == 0.05, (argv, out.stderr[-800:])
 
 
 def test_pearl_plans_mixed_layouts_in_the_simulator() -> None:

@@ -88,7 +88,7 @@ def compare(
     from runtime.flags import check_policies
     from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.outputs import check_plot
-    from runtime.sim.run import TraceFlags
+    from runtime.sim.run import TraceFlags, run_hours
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
@@ -99,7 +99,7 @@ def compare(
     if plot is not None:
         check_plot(plot, "pearl compare", "--plot")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
-    h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    h = run_hours(spec, flags)
     models = build_models(spec)
     results = {}
     for name in names:

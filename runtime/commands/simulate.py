@@ -63,13 +63,13 @@ def simulate(
     from models.config import load_experiment
     from runtime.flags import check_policies
     from runtime.jsonout import print_json, stdout_to_stderr
-    from runtime.sim.run import TraceFlags
+    from runtime.sim.run import TraceFlags, run_hours
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
     check_policies([policy or spec.policy.name], str(config), "--policy" if policy else None, "simulate")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
-    h = hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    h = run_hours(spec, flags)
     prog, update = trace_progress(h, f"simulating {policy or spec.policy.name}")
     with stdout_to_stderr(as_json), prog, window_flags("simulate", hours, trace_offset_hours):
         r = run_sim(spec, policy, flags, hours=h, seed=seed, progress=update)

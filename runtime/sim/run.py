@@ -46,13 +46,26 @@ def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -
     return PlannerPolicy(name, models)
 
 
+def run_hours(spec: ExperimentSpec, flags: TraceFlags = TraceFlags()) -> float:
+    """Simulated hours: `--hours`, else the config's window: `trace.hours`, or with `elastic_traces`
+    (and no `--trace`) the longest per-type `hours`, as `pearl plan` spans it (each type keeps its
+    own window; a shorter one holds its last count); else 2."""
+    if flags.hours:
+        return flags.hours
+    if spec.elastic_traces and flags.path is None:
+        return max((t.hours for t in spec.elastic_traces.values() if t.hours), default=2.0)
+    return spec.trace.hours if spec.trace and spec.trace.hours else 2.0
+
+
 def load_availability(spec: ExperimentSpec, flags: TraceFlags, hours: float):
     """The elastic pool's availability over the run (None: no trace, the pool stays full); with
-    `elastic_traces`, one availability per elastic GPU type (a dict), each on that type's GPUs."""
+    `elastic_traces`, one availability per elastic GPU type (a dict), each on that type's GPUs
+    over its own window, as `pearl plan` loads them (`--hours` sets them all; a type without
+    `hours` runs `hours`, as one `trace` does)."""
     if spec.elastic_traces and flags.path is None:
         from runtime.offline_plan import load_typed_windows
 
-        return load_typed_windows(spec, flags.offset_hours, hours)
+        return load_typed_windows(spec, flags.offset_hours, flags.hours, fallback_hours=hours)
     trace = spec.trace
     if trace is None and flags.path is None:
         return None
@@ -87,7 +100,7 @@ def simulate(
     sample_s: float = 60.0,
     cohort: int = 1,
 ) -> SimResult:
-    hours = hours or flags.hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    hours = hours or run_hours(spec, flags)
     models = models or build_models(spec)
     pol = make_policy(policy or spec.policy.name, models)
     avail = load_availability(spec, flags, hours)

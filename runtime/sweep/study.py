@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from models.config import ConfigError, ExperimentSpec
-from runtime.sim.run import TraceFlags
+from runtime.sim.run import TraceFlags, run_hours
 from runtime.sweep.keys import Number
 from runtime.sweep.points import MODES, sweep_points
 from runtime.sweep.report import BAND, aggregate, mark_front, markdown_table, plot_sweep
@@ -88,7 +88,7 @@ def run_study(spec: ExperimentSpec, sets: dict[str, list[Number]], mode: str = "
         raise ConfigError("--set", "trace.offset_hours", sets["trace.offset_hours"], "either --trace-offset-hours or a trace.offset_hours sweep, not both")
     name = policy or spec.policy.name
     _check_policy(spec, name, planner_only)
-    h = hours or flags.hours or (spec.trace.hours if spec.trace and spec.trace.hours else 2.0)
+    h = hours or run_hours(spec, flags)
     seed_list = [spec.seed + i for i in range(seeds)]
     spec, flags = fold_trace_flag(spec, flags)
     if spec.trace is not None:  # a missing or too short trace fails here, not once per point
