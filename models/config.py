@@ -784,6 +784,7 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         raise ConfigError(path, "runtime.emulated_slowdown", exp.runtime.backend, "runtime.backend: emulated (real engines run at their own speed)")
     if exp.elastic_traces and exp.trace is not None:
         raise ConfigError(path, "trace", exp.trace.path, "absent when elastic_traces drives each elastic type")
+    check_trace_caps(cluster, exp.trace, exp.elastic_traces, path)
     elastic_traces = {typ: _resolve_trace(t, root) for typ, t in exp.elastic_traces.items()}
     return ExperimentSpec(
         name=exp.name,
@@ -818,6 +819,16 @@ def _resolve_trace(trace: TraceSpec, root: Path) -> TraceSpec:
     beside = (root.parent / trace.path).resolve()
     tpath = beside if beside.exists() or not Path(trace.path).exists() else Path(trace.path).resolve()
     return trace.model_copy(update={"path": str(tpath)})
+
+
+def check_trace_caps(cluster: ClusterSpec, trace: TraceSpec | None, elastic_traces: dict[str, TraceSpec], file: str | Path) -> None:
+    """A trace's `max_gpus` above the elastic GPUs it drives would count GPUs the cluster lacks
+    (plan.json once reported a mean of 351 elastic GPUs for a 24-GPU pool)."""
+    named = [("trace", trace, None), *((f"elastic_traces.{typ}", t, typ) for typ, t in elastic_traces.items())]
+    for field, t, typ in named:
+        pool = cluster.gpus_in_pool("elastic", typ)
+        if t is not None and t.max_gpus is not None and t.max_gpus > pool:
+            raise ConfigError(file, f"{field}.max_gpus", t.max_gpus, f"at most {pool} (the {typ + ' ' if typ else ''}elastic GPUs)")
 
 
 def _check_cluster(cluster: ClusterSpec, hardware: HardwareCatalog, cpath: Path) -> None:

@@ -166,6 +166,13 @@ def test_policy_name_in_a_config_blames_the_config(tmp_path: Path) -> None:
         assert (m["place"], m["field"]) == (str(cfg), "policy.name") and "'bogus'" in m["value"], m.group(0)
 
 
+def test_a_swept_trace_cap_above_the_elastic_pool_names_the_set(tmp_path: Path) -> None:
+    """`--set trace.max_gpus=...` is checked against the elastic pool as the config's own value is."""
+    m = one_error(pearl("sweep", "--config", DEFAULT, "--set", "trace.max_gpus=12,500", "--hours", "0.05",
+                        "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "s")))
+    assert (m["place"], m["field"], m["value"]) == ("--set", "trace.max_gpus", "500") and "at most 12 (the elastic GPUs)" in m["allowed"], m.group(0)
+
+
 def test_an_emulated_slowdown_with_real_engines_blames_the_backend_flag(tmp_path: Path) -> None:
     """A config that slows its emulated engines, run with `--backend vllm`: the slowdown would be
     ignored, so the flag is refused (the config's own backend is checked when it loads)."""

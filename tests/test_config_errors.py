@@ -14,6 +14,8 @@ from models.config import ConfigError, load_experiment
 EXPERIMENT = "experiments/pd-crossover.yaml"
 WORKLOAD = "workloads/paper-8b-calibrated.yaml"  # the default experiment's
 CLUSTER = "clusters/crossover-16xh800.yaml"
+TRACED = "experiments/default.yaml"  # one trace for the elastic pool (12 H800)
+MIXED = "experiments/mixed-elastic.yaml"  # elastic_traces: 12 H20 and 12 A100, each with its own trace
 
 
 def edit_yaml(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
@@ -32,6 +34,7 @@ class Mistake:
     field: str
     value: str  # substring of the reported bad value
     allowed: str  # substring of what is allowed
+    experiment: str = EXPERIMENT  # the experiment file that is loaded
 
 
 def _set(rel: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
@@ -81,6 +84,10 @@ MISTAKES = [
     Mistake("negative cost weight", EXPERIMENT, _set(EXPERIMENT, lambda d: d.update(costs={"mode_switch_margin": -0.1})), "costs.mode_switch_margin", "-0.1", "greater than or equal to 0"),
     Mistake("bad hardware number", "hardware.yaml", _set("hardware.yaml", lambda d: d["gpus"]["H800"].update(hbm_tb_s=0)), "gpus.H800.hbm_tb_s", "0", "greater than 0"),
     Mistake("more active experts than experts", "llms.yaml", _set("llms.yaml", lambda d: d["models"]["qwen3-30b-a3b"]["moe"].update(active_experts=200)), "models.qwen3-30b-a3b.moe", "200", "active_experts must be <= experts"),
+    Mistake("trace capped above the elastic pool", TRACED, _set(TRACED, lambda d: d["trace"].update(max_gpus=500)),
+            "trace.max_gpus", "500", "at most 12 (the elastic GPUs)", TRACED),
+    Mistake("elastic trace capped above its type's pool", MIXED, _set(MIXED, lambda d: d["elastic_traces"]["H20"].update(max_gpus=351)),
+            "elastic_traces.H20.max_gpus", "351", "at most 12 (the H20 elastic GPUs)", MIXED),
     Mistake("malformed YAML", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("name: x\nmodel: [qwen3-8b\n"), "<yaml>", "line", "valid YAML"),
     Mistake("top level not a mapping", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("- qwen3-8b\n- swe-agentic\n"), "<top level>", "list", "mapping"),
 ]
@@ -90,7 +97,7 @@ MISTAKES = [
 def test_mistake_gives_one_clear_message(config_tree: Path, mistake: Mistake) -> None:
     mistake.break_it(config_tree)
     with pytest.raises(ConfigError) as info:
-        load_experiment(config_tree / EXPERIMENT)
+        load_experiment(config_tree / mistake.experiment)
     err = info.value
     assert Path(err.file).resolve() == (config_tree / mistake.file).resolve()
     assert err.field == mistake.field
@@ -150,7 +157,7 @@ CLI_MISTAKES = ["unknown model", "TP not a power of two", "group size does not d
 def test_cli_reports_mistake_in_one_line(config_tree: Path, name: str, pearl: Callable[..., Any]) -> None:
     mistake = next(m for m in MISTAKES if m.name == name)
     mistake.break_it(config_tree)
-    res = pearl("predict", "--config", str(config_tree / EXPERIMENT))
+    res = pearl("predict", "--config", str(config_tree / mistake.experiment))
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -14,7 +14,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from models.config import ConfigError, ExperimentSpec
+from models.config import ConfigError, ExperimentSpec, check_trace_caps
 
 # Sections a simulation depends on (hardware, model and runtime are identities, not knobs).
 SECTIONS = ("costs", "transition_costs", "training", "workload", "cluster", "solver", "trace")
@@ -149,9 +149,11 @@ def apply_overrides(spec: ExperimentSpec, values: dict[str, Number]) -> Experime
     for k, v in values.items():
         _set_path(data, k, v)
     try:
-        return ExperimentSpec.model_validate(data)
+        new = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         raise ConfigError("--set", loc, err.get("input"), msg) from None
+    check_trace_caps(new.cluster, new.trace, new.elastic_traces, "--set")
+    return new
