@@ -784,6 +784,9 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         raise ConfigError(path, "runtime.emulated_slowdown", exp.runtime.backend, "runtime.backend: emulated (real engines run at their own speed)")
     if exp.elastic_traces and exp.trace is not None:
         raise ConfigError(path, "trace", exp.trace.path, "absent when elastic_traces drives each elastic type")
+    if exp.runtime.elastic_events and (exp.elastic_traces or exp.trace is not None):  # `pearl train` would follow the events alone
+        driver = "elastic_traces drives each elastic type" if exp.elastic_traces else "trace drives the elastic pool"
+        raise ConfigError(path, "runtime.elastic_events", [e.model_dump(exclude_none=True) for e in exp.runtime.elastic_events], f"absent when {driver}")
     check_trace_caps(cluster, exp.trace, exp.elastic_traces, path)
     elastic_traces = {typ: _resolve_trace(t, root) for typ, t in exp.elastic_traces.items()}
     return ExperimentSpec(

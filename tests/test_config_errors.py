@@ -88,6 +88,10 @@ MISTAKES = [
             "trace.max_gpus", "500", "at most 12 (the elastic GPUs)", TRACED),
     Mistake("elastic trace capped above its type's pool", MIXED, _set(MIXED, lambda d: d["elastic_traces"]["H20"].update(max_gpus=351)),
             "elastic_traces.H20.max_gpus", "351", "at most 12 (the H20 elastic GPUs)", MIXED),
+    Mistake("elastic events beside elastic traces", MIXED, _set(MIXED, lambda d: d.update(runtime={"elastic_events": [{"at_s": 0, "available": 4}]})),
+            "runtime.elastic_events", "'available': 4", "absent when elastic_traces drives each elastic type", MIXED),
+    Mistake("elastic events beside a trace", TRACED, _set(TRACED, lambda d: d.update(runtime={"elastic_events": [{"at_s": 0, "available": 4}]})),
+            "runtime.elastic_events", "'available': 4", "absent when trace drives the elastic pool", TRACED),
     Mistake("malformed YAML", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("name: x\nmodel: [qwen3-8b\n"), "<yaml>", "line", "valid YAML"),
     Mistake("top level not a mapping", EXPERIMENT, lambda root: (root / EXPERIMENT).write_text("- qwen3-8b\n- swe-agentic\n"), "<top level>", "list", "mapping"),
 ]

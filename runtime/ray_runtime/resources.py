@@ -107,9 +107,10 @@ def ray_resources(slots: tuple[Slot, ...]) -> dict[str, float]:
 def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, ...]:
     """Availability changes of the elastic pool, in wall seconds after start.
 
-    Inline `runtime.elastic_events` win; otherwise `elastic_traces` (one trace per elastic GPU
-    type, each change moving that type's GPUs only) or the experiment's trace (if any) through
-    runtime.traces with its time compression; otherwise the pool is always fully available.
+    Inline `runtime.elastic_events` (the loader refuses them beside a trace); otherwise
+    `elastic_traces` (one trace per elastic GPU type, each change moving that type's GPUs only)
+    or the experiment's trace (if any) through runtime.traces with its time compression;
+    otherwise the pool is always fully available.
     """
     rt = spec.runtime
     if rt.elastic_events:
