@@ -133,9 +133,11 @@ FLAGS = [
     (["sweep", "--config", DEFAULT, "--set", "costs.transition_weight=0,1", "--pareto-x", "vibes"], "pearl sweep", "--pareto-x", "'switches'"),
     (["plan", "--config", DEFAULT, "--out", "/dev/null", "--policy", "bogus"], "pearl plan", "--policy", "'bogus'"),
     (["plan", "--config", DEFAULT, "--out", "/dev/null", "--backend", "bogus"], "pearl plan", "--backend", "'cbc'"),
+    (["plan", "--config", DEFAULT, "--out", "/dev/null", "--backend", ""], "pearl plan", "--backend", "got ''; allowed: one of ['cpsat'"),
     (["plan", "--config", DEFAULT, "--out", "/dev/null", "--hours", "0"], "pearl plan", "--hours", "'0'"),
     (["train", "--config", DEFAULT, "--steps", "0"], "pearl train", "--steps", "1000000"),
     (["train", "--config", DEFAULT, "--backend", "bogus"], "pearl train", "--backend", "'bogus'"),
+    (["train", "--config", DEFAULT, "--backend", ""], "pearl train", "--backend", "got ''; allowed: vllm or emulated"),
 ]
 
 

@@ -67,9 +67,9 @@ def plan(
     spec = load_experiment(config)
     name = policy or spec.policy.name
     check_policies([name], str(config), "--policy" if policy else None, "plan", fixed=False)
-    be = backend or spec.solver.backend
+    be = spec.solver.backend if backend is None else backend  # `--backend ""` is refused, not read as absent
     if be not in BACKENDS:
-        raise ConfigError(*(("pearl plan", "--backend") if backend else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")
+        raise ConfigError(*(("pearl plan", "--backend") if backend is not None else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")
     check_file(out, "pearl plan", "--out")
     typed = bool(spec.elastic_traces) and trace is None  # each elastic GPU type follows its own trace
     tspec = spec.elastic_traces if typed else trace_spec_for(spec, trace)

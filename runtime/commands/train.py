@@ -66,8 +66,8 @@ def train(
     for k, v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}.items():
         os.environ.setdefault(k, v)
     spec = load_experiment(config)
-    chosen = backend or spec.runtime.backend
-    where = ("pearl train", "--backend") if backend else (config, "runtime.backend")
+    chosen = spec.runtime.backend if backend is None else backend  # `--backend ""` is refused, not read as absent
+    where = ("pearl train", "--backend") if backend is not None else (config, "runtime.backend")
     if chosen not in ("vllm", "emulated"):
         raise ConfigError(*where, chosen, "vllm or emulated")
     if spec.runtime.emulated_slowdown and chosen != "emulated":  # the config's own backend was checked when it loaded
