@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import typer
 
-from models.config import MAX_BATCH, MAX_GPUS, MAX_HOURS, MAX_SEED, MAX_STEPS, ConfigError
+from models.config import MAX_BATCH, MAX_GPUS, MAX_HOURS, MAX_SEED, MAX_STEPS, ConfigError, ExperimentSpec
 
 MAX_SEEDS = 1_000  # seeds per sweep point: each is a full simulation
 MAX_JOBS = 256  # parallel sweep processes
@@ -99,30 +99,23 @@ def steps_option(help: str) -> Any:
     return int_option(None, "--steps", lo=1, hi=MAX_STEPS, help=help)
 
 
-def check_policies(names: list[str], config: str, flag: str | None, command: str, fixed: bool = True) -> None:
+def check_policies(names: list[str], spec: ExperimentSpec, flag: str | None, command: str, fixed: bool = True) -> None:
     """Refuse an unknown policy name before any work, blaming where the name came from: the
     flag (e.g. --policies) or, when none was given, the config's `policy.name` (the simulator's
-    own check says `--policy` whatever the source). `fixed`: `fixed:...` layouts are allowed."""
+    own check says `--policy` whatever the source). `fixed`: `fixed:...` layouts are allowed,
+    when the cluster can run them."""
     from planner.policies import POLICIES
+    from runtime.sim.layout import FIXED_FORM, fixed_layout_problem, parse_fixed
 
+    where = (f"pearl {command}", flag) if flag else (spec.source, "policy.name")
     for name in names:
-        if name in POLICIES or (fixed and _fixed_ok(name)):
-            continue
-        where = (f"pearl {command}", flag) if flag else (config, "policy.name")
-        extra = " or fixed:<colocated|disaggregated>:<c>:<p>:<d>[:<borrow>]" if fixed else ""
-        raise ConfigError(where[0], where[1], name, f"one of {sorted(POLICIES)}{extra}")
-
-
-def _fixed_ok(name: str) -> bool:
-    """`fixed:<mode>:<c>:<p>:<d>[:<borrow>]` with counts the simulator can lay out."""
-    parts = name.split(":")
-    if parts[0] != "fixed" or len(parts) not in (5, 6) or parts[1] not in ("colocated", "disaggregated"):
-        return False
-    try:
-        counts = [int(p) for p in parts[2:]]
-    except ValueError:
-        return False
-    return all(0 <= c <= MAX_GPUS for c in counts)
+        layout = parse_fixed(name) if fixed else None
+        if layout is not None:
+            problem = fixed_layout_problem(layout, spec.cluster)
+            if problem is not None:
+                raise ConfigError(where[0], where[1], name, problem)
+        elif name not in POLICIES:
+            raise ConfigError(where[0], where[1], name, f"one of {sorted(POLICIES)}" + (f" or {FIXED_FORM}" if fixed else ""))
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from conftest import REPO_ROOT, pearl_executable
 
 CORPUS = Path(__file__).resolve().parent / "data" / "bad" / "traces"
 DEFAULT = str(REPO_ROOT / "configs/experiments/default.yaml")
+MIXED = str(REPO_ROOT / "configs/experiments/mixed-elastic.yaml")  # 4 rollout H800 + 12 H20 + 12 A100 elastic, TP1 first
 COUNT_TRACE = REPO_ROOT / "data/traces/bamboo/trace--full-64-node-trace/full-64-node-trace.csv"
 EVENTS_TRACE = REPO_ROOT / "data/traces/bamboo/events/g4dn-trace.csv"
 SKY_TRACE = REPO_ROOT / "data/traces/skypilot/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json"
@@ -125,6 +126,10 @@ FLAGS = [
     (["simulate", "--config", DEFAULT, "--seed", "-1"], "pearl simulate", "--seed", "4294967295"),
     (["simulate", "--config", DEFAULT, "--policy", "bogus"], "pearl simulate", "--policy", "'bogus'"),
     (["simulate", "--config", DEFAULT, "--policy", "fixed:sideways:1:1:1"], "pearl simulate", "--policy", "fixed:<colocated"),
+    (["simulate", "--config", MIXED, "--policy", "fixed:colocated:99:0:0"], "pearl simulate", "--policy", "instances on at most 28 GPUs"),
+    (["simulate", "--config", MIXED, "--policy", "fixed:disaggregated:0:0:0"], "pearl simulate", "--policy", "at least one prefill and one decode"),
+    (["compare", "--config", DEFAULT, "--policies", "roll,fixed:colocated:0:0:0"], "pearl compare", "--policies", "at least one colocated"),
+    (["sweep", "--config", DEFAULT, "--set", "costs.transition_weight=0,1", "--policy", "fixed:disaggregated:9:9:0"], "pearl sweep", "--policy", "one decode"),
     (["compare", "--config", DEFAULT, "--policies", "pearl,bogus"], "pearl compare", "--policies", "'bogus'"),
     (["compare", "--config", DEFAULT, "--hours", "-2"], "pearl compare", "--hours", "'-2'"),
     (["sweep", "--config", DEFAULT, "--set", "costs.transition_weight=0,1", "--seeds", "0"], "pearl sweep", "--seeds", "from 1 to 1000"),

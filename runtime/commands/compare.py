@@ -95,7 +95,7 @@ def compare(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise ConfigError("pearl compare", "--policies", policies, "a comma-separated list of policy names")
-    check_policies(names, str(config), "--policies", "compare")
+    check_policies(names, spec, "--policies", "compare")
     if plot is not None:
         check_plot(plot, "pearl compare", "--plot")
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)

@@ -66,7 +66,7 @@ def plan(
 
     spec = load_experiment(config)
     name = policy or spec.policy.name
-    check_policies([name], str(config), "--policy" if policy else None, "plan", fixed=False)
+    check_policies([name], spec, "--policy" if policy else None, "plan", fixed=False)
     be = spec.solver.backend if backend is None else backend  # `--backend ""` is refused, not read as absent
     if be not in BACKENDS:
         raise ConfigError(*(("pearl plan", "--backend") if backend is not None else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")

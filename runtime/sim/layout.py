@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from models.config import MAX_GPUS, ClusterSpec
 from planner.decision import Decision, GroupTarget, SolverProof
 from planner.inputs import PlanningInputs
 from planner.milp import borrow_window_open
@@ -33,6 +34,41 @@ class Layout:
 
     def count(self, role: str) -> int:
         return int(getattr(self, role))
+
+
+FIXED_FORM = "fixed:<colocated|disaggregated>:<c>:<p>:<d>[:<borrow>]"
+
+
+def parse_fixed(name: str) -> Layout | None:
+    """The layout a `fixed:<mode>:<c>:<p>:<d>[:<borrow>]` policy names (counts 0..MAX_GPUS); None for any other form."""
+    parts = name.split(":")
+    if parts[0] != "fixed" or len(parts) not in (5, 6) or parts[1] not in ("colocated", "disaggregated"):
+        return None
+    try:
+        counts = [int(p) for p in parts[2:]]
+    except ValueError:
+        return None
+    if not all(0 <= c <= MAX_GPUS for c in counts):
+        return None
+    return Layout(parts[1], *counts)  # type: ignore[arg-type]
+
+
+def fixed_layout_problem(layout: Layout, cluster: ClusterSpec) -> str | None:
+    """What a fixed layout asks that the cluster cannot run (None: it can): an instance of every
+    role its mode needs, and instances that fit the cluster's GPUs at the TP degrees it runs
+    (`place` would quietly start fewer, or nothing)."""
+    roles = ("colocated",) if layout.mode == "colocated" else ("prefill", "decode")
+    if any(layout.count(r) < 1 for r in roles):
+        return f"a {layout.mode} layout with at least one {' and one '.join(roles)} instance"
+    tp = {r: getattr(cluster.tp, r)[0] for r in ROLES}
+    need = sum(layout.count(r) * tp[r] for r in ROLES)
+    own = sum(g.count * g.gpus_per_node for g in cluster.nodes if g.pool != "training")
+    lent = min(cluster.gpus_in_pool("training"), layout.borrow * max(tp.values()))
+    if need <= own + lent:
+        return None
+    degrees = ", ".join(f"{r} TP{tp[r]}" for r in ROLES if layout.count(r))
+    return (f"instances on at most {own + lent} GPUs (the cluster's {own} rollout and elastic GPUs"
+            f"{f' + {lent} lent training GPUs' if lent else ''}; {degrees}): this layout needs {need}")
 
 
 @dataclass(frozen=True)

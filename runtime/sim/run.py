@@ -8,7 +8,7 @@ from typing import Callable
 
 from models.builder import ExperimentModels, build_models
 from models.config import ConfigError, ExperimentSpec
-from runtime.sim.layout import FixedLayout, Layout, SimPolicy
+from runtime.sim.layout import FIXED_FORM, FixedLayout, SimPolicy, fixed_layout_problem, parse_fixed
 from runtime.sim.metrics import SimResult
 from runtime.sim.simulator import Simulator
 
@@ -25,14 +25,12 @@ class TraceFlags:
 def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -> SimPolicy:
     """A planner policy by name, or `fixed:<mode>:<c>:<p>:<d>[:<borrow>]` (instance counts) for replays."""
     if name.startswith("fixed:"):
-        parts = name.split(":")
-        try:
-            mode, c, p, d = parts[1], int(parts[2]), int(parts[3]), int(parts[4])
-            borrow = int(parts[5]) if len(parts) > 5 else 0
-        except (IndexError, ValueError):
-            raise ConfigError(source, "policy", name, "fixed:<colocated|disaggregated>:<c>:<p>:<d>[:<borrow>]") from None
+        layout = parse_fixed(name)
+        problem = FIXED_FORM if layout is None else fixed_layout_problem(layout, models.spec.cluster)
+        if layout is None or problem is not None:
+            raise ConfigError(source, "policy", name, problem)
         tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
-        return FixedLayout(Layout(mode, c, p, d, borrow), tp, name=name)  # type: ignore[arg-type]
+        return FixedLayout(layout, tp, name=name)
     try:
         from planner import policies as _p
 
@@ -40,7 +38,7 @@ def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -
     except ImportError:
         known = POLICIES
     if name not in known:
-        raise ConfigError(source, "policy", name, f"one of {list(known)} or fixed:<mode>:<c>:<p>:<d>[:<borrow>]")
+        raise ConfigError(source, "policy", name, f"one of {list(known)} or {FIXED_FORM}")
     from runtime.sim.planner_adapter import PlannerPolicy
 
     return PlannerPolicy(name, models)
