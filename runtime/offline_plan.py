@@ -67,11 +67,26 @@ def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, 
     every trace's window; `fallback_hours` spans a trace without `hours`, else its whole file)."""
     from runtime.traces import load_trace
 
+    flagged = {name for name, v in (("hours", hours), ("offset_hours", offset_hours)) if v is not None}
     out = {}
     for typ, tspec in spec.elastic_traces.items():
         span = hours if hours is not None else None if tspec.hours else fallback_hours
-        out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=span)
+        try:
+            out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=span)
+        except ConfigError as exc:
+            raise _per_type_error(spec, typ, exc, flagged) from None
     return out
+
+
+def _per_type_error(spec: ExperimentSpec, typ: str, exc: ConfigError, flagged: set[str]) -> ConfigError:
+    """The trace readers name `trace.<field>`; a per-type setting is the experiment's
+    `elastic_traces.<type>.<field>` (the trace file, if any, is where its limit comes from).
+    A window a flag set stays `trace.<field>`, for `runtime.flags.window_flags` to blame the flag."""
+    field = exc.field.removeprefix("trace.")
+    if field == exc.field or field in flagged:
+        return exc
+    allowed = exc.allowed if field == "path" else f"{exc.allowed} in {exc.file}"
+    return ConfigError(spec.source, f"elastic_traces.{typ}.{field}", exc.value, allowed)
 
 
 def typed_changes(avail: Mapping[str, object]) -> list[tuple[float, str | None, int]]:

@@ -122,6 +122,7 @@ FLAGS = [
     (["simulate", "--config", DEFAULT, "--trace-offset-hours", "-1"], "pearl simulate", "--trace-offset-hours", ">= 0"),
     (["simulate", "--config", DEFAULT, "--hours", "50"], "pearl simulate", "--hours", "the trace spans 5.93 h"),
     (["compare", "--config", DEFAULT, "--trace-offset-hours", "7"], "pearl compare", "--trace-offset-hours", "full-64-node-trace.csv"),
+    (["simulate", "--config", MIXED, "--hours", "5000"], "pearl simulate", "--hours", "the trace spans 394.67 h"),  # elastic_traces: still the flag
     (["plan", "--config", DEFAULT, "--out", "/dev/null", "--hours", "9"], "pearl plan", "--hours", "the trace spans 5.93 h"),
     (["simulate", "--config", DEFAULT, "--seed", "-1"], "pearl simulate", "--seed", "4294967295"),
     (["simulate", "--config", DEFAULT, "--policy", "bogus"], "pearl simulate", "--policy", "'bogus'"),

@@ -122,6 +122,27 @@ def test_trace_and_elastic_traces_together(config_tree: Path) -> None:
     assert Path(info.value.file).resolve() == (config_tree / rel).resolve()
 
 
+@pytest.mark.parametrize("setting, field, allowed", [
+    ({"path": "data/traces/nope.json"}, "path", "an existing trace file"),
+    ({"hours": 5000}, "hours", "(the trace spans 394.67 h) in "),
+    ({"offset_hours": 5000}, "offset_hours", "(the trace spans 394.67 h) in "),
+], ids=["path", "hours", "offset_hours"])
+def test_a_per_type_trace_setting_names_its_own_field(config_tree: Path, setting: dict[str, Any], field: str, allowed: str) -> None:
+    """Read when the trace loads: the error names `elastic_traces.<type>.<field>` in the experiment
+    file (not `trace.<field>` in the trace file; its limit comes from the trace, which `allowed` names)."""
+    from runtime.offline_plan import load_typed_windows
+
+    edit_yaml(config_tree / MIXED, lambda d: d["elastic_traces"]["H20"].update(setting))
+    spec = load_experiment(config_tree / MIXED)
+    with pytest.raises(ConfigError) as info:
+        load_typed_windows(spec)
+    err = info.value
+    assert Path(err.file).resolve() == (config_tree / MIXED).resolve() and err.field == f"elastic_traces.H20.{field}", str(err)
+    assert str(next(iter(setting.values()))).removeprefix("data/traces/") in str(err.value) and allowed in err.allowed, str(err)
+    if field != "path":
+        assert err.allowed.endswith("us-west-2a_v100_1.json"), str(err)
+
+
 def test_missing_experiment_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_experiment(tmp_path / "nope.yaml")
