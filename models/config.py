@@ -781,7 +781,9 @@ def load_experiment(path: str | Path, root: Path | None = None) -> ExperimentSpe
         if typ not in serving_types:
             raise ConfigError(path, f"runtime.emulated_slowdown.{typ}", typ, f"a GPU type of the cluster: one of {serving_types}")
     if exp.runtime.emulated_slowdown and exp.runtime.backend != "emulated":
-        raise ConfigError(path, "runtime.emulated_slowdown", exp.runtime.backend, "runtime.backend: emulated (real engines run at their own speed)")
+        backend = f"{exp.runtime.backend!r}" + ("" if "backend" in exp.runtime.model_fields_set else ", the default")
+        raise ConfigError(path, "runtime.emulated_slowdown", exp.runtime.emulated_slowdown,
+                          f"only with runtime.backend: emulated (runtime.backend is {backend}; real engines run at their own speed)")
     if exp.elastic_traces and exp.trace is not None:
         raise ConfigError(path, "trace", exp.trace.path, "absent when elastic_traces drives each elastic type")
     if exp.runtime.elastic_events and (exp.elastic_traces or exp.trace is not None):  # `pearl train` would follow the events alone
