@@ -845,7 +845,8 @@ def _check_cluster(cluster: ClusterSpec, hardware: HardwareCatalog, cpath: Path)
             raise ConfigError(cpath, f"nodes.{i}.gpu", group.gpu, f"one of {sorted(hardware.gpus)}")
         for role, degrees in (("colocated", cluster.tp.colocated), ("prefill", cluster.tp.prefill), ("decode", cluster.tp.decode)):
             if max(degrees) > group.gpus_per_node:
-                raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node ({group.gpus_per_node}): TP stays inside a node")
+                raise ConfigError(cpath, f"tp.{role}", max(degrees), f"<= gpus_per_node of nodes.{i} ({group.gpu}, {group.gpus_per_node} GPUs per node): "
+                                  "TP stays inside a node")
             for d in degrees:
                 if group.gpus_per_node % d:
                     raise ConfigError(cpath, f"tp.{role}", d, f"a divisor of every node's gpus_per_node (nodes.{i} has {group.gpus_per_node}; "
