@@ -326,7 +326,7 @@ class TPDegrees(Frozen):
             raise ValueError("at least one TP degree")
         for d in v:
             if d & (d - 1):
-                raise ValueError(f"TP degree {d} is not a power of two")
+                raise ValueError(f"a power of two (1, 2, 4, 8, ...) for every degree; {d} is not")
         return sorted(set(v))
 
 
@@ -678,6 +678,18 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
     return cur
 
 
+def _noun(cls: type[BaseModel]) -> str:
+    """A model's name in the config's words: 'TraceSpec' -> 'trace', 'TransitionCostsSpec' -> 'transition costs', 'TPDegrees' -> 'TP degrees'."""
+    words = re.sub(r"(?<=[a-z])(?=[A-Z][a-z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", cls.__name__.removesuffix("Spec")).split()
+    return " ".join(w.lower() if w[1:].islower() else w for w in words)
+
+
+def _mapping_of(cls: type[BaseModel]) -> str:
+    """What a section allows, for pydantic's 'a valid dictionary or instance of TraceSpec' (a class the user never wrote)."""
+    names = list(cls.model_fields)
+    return f"a mapping of {_noun(cls)} fields: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+
+
 def _validate(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: str = "") -> Any:
     try:
         return model.model_validate(data)
@@ -690,6 +702,10 @@ def _validate(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: 
         if err["type"] == "missing":
             value = "<missing>"
             allowed = "a value (this field is required)"
+        if err["type"] == "model_type":
+            owner = _model_at(model, tuple(err["loc"]))
+            if owner.__name__ == err.get("ctx", {}).get("class_name"):
+                allowed = _mapping_of(owner)
         if err["type"] == "extra_forbidden":
             owner = _model_at(model, tuple(err["loc"][:-1]))
             allowed = f"no field '{err['loc'][-1]}' here; known fields: {sorted(owner.model_fields)}"
