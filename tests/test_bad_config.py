@@ -101,6 +101,7 @@ def test_corpus_case_gives_one_error_line(case: Path, config_tree: Path) -> None
 FULL_EXPERIMENT: dict[str, Any] = {
     **BASE_EXPERIMENT,
     "workload": "case",
+    "cluster": "case",
     "profile_by_engines": {2: {"colocated": "cpu-tiny-served-x2", "disaggregated": "cpu-tiny-served-pd"}},
     "costs": {"transition_weight": 1.0, "ratio_change_margin": 0.03, "mode_switch_margin": 0.08, "borrow_threshold_s": 0.0,
               "horizon_batches": 4.0, "background_weight": 0.1},
@@ -109,9 +110,9 @@ FULL_EXPERIMENT: dict[str, Any] = {
     "training": {"mfu": 0.35, "staleness": 1, "optimizer_overhead_s": 5.0},
     "trace": {"path": "data/traces/bamboo/trace--full-64-node-trace/full-64-node-trace.csv", "format": "bamboo-count",
               "gpus_per_instance": 1, "time_scale": 9.0, "max_gpus": 2, "offset_hours": 0.0, "hours": 2.0, "sample_fraction": 1.0},
+    # no runtime.elastic_events: beside `trace` they are refused (corpus: experiments/million-elastic-gpus.yaml)
     "runtime": {"backend": "emulated", "steps": 3, "max_model_len": 1024, "time_scale": 40.0, "max_restarts_per_slot": 3,
-                "restart_backoff_s": 1.0, "elastic_events": [{"at_s": 0.0, "available": 1}],
-                "load_changes": [{"at_step": 2, "workload": {"trajectories_per_batch": 16}}]},
+                "restart_backoff_s": 1.0, "load_changes": [{"at_step": 2, "workload": {"trajectories_per_batch": 16}}]},
     "seed": 0,
 }
 FULL_WORKLOAD: dict[str, Any] = {
@@ -125,11 +126,13 @@ FULL_WORKLOAD: dict[str, Any] = {
     "max_trajectory_tokens": 1024,
     "prefix_cache_hit": 0.5,
 }
+# cpu-2 plus an elastic group for the trace to drive (a trace's max_gpus may not exceed the elastic GPUs)
+CPU_2 = yaml.safe_load((CONFIGS / "clusters" / "cpu-2.yaml").read_text())
 # file (relative to the tree) -> its valid content
 FILES: dict[str, dict[str, Any]] = {
     "experiments/full.yaml": FULL_EXPERIMENT,
     "workloads/case.yaml": FULL_WORKLOAD,
-    "clusters/cpu-2.yaml": yaml.safe_load((CONFIGS / "clusters" / "cpu-2.yaml").read_text()),
+    "clusters/case.yaml": {**CPU_2, "nodes": [*CPU_2["nodes"], {"count": 1, "gpus_per_node": 2, "gpu": "cpu", "pool": "elastic"}]},
     "hardware.yaml": yaml.safe_load((CONFIGS / "hardware.yaml").read_text()),
     "llms.yaml": yaml.safe_load((CONFIGS / "llms.yaml").read_text()),
 }
