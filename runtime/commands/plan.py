@@ -65,8 +65,8 @@ def plan(
     from runtime.outputs import check_file
 
     spec = load_experiment(config)
-    name = policy or spec.policy.name
-    check_policies([name], spec, "--policy" if policy else None, "plan", fixed=False)
+    name = spec.policy.name if policy is None else policy  # `--policy ""` is refused, not read as absent
+    check_policies([name], spec, "--policy" if policy is not None else None, "plan", fixed=False)
     be = spec.solver.backend if backend is None else backend  # `--backend ""` is refused, not read as absent
     if be not in BACKENDS:
         raise ConfigError(*(("pearl plan", "--backend") if backend is not None else (config, "solver.backend")), be, f"one of {list(BACKENDS)}")

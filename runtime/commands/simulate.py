@@ -67,7 +67,7 @@ def simulate(
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
-    check_policies([policy or spec.policy.name], spec, "--policy" if policy else None, "simulate")
+    check_policies([spec.policy.name if policy is None else policy], spec, "--policy" if policy is not None else None, "simulate")  # `--policy ""` is refused, not read as absent
     flags = TraceFlags(str(trace) if trace else None, trace_offset_hours, hours)
     h = run_hours(spec, flags)
     prog, update = trace_progress(h, f"simulating {policy or spec.policy.name}")

@@ -53,7 +53,7 @@ def sweep(
     metrics = PLAN_METRICS if planner_only else SIM_METRICS
     if pareto_x not in metrics:
         raise ConfigError("pearl sweep", "--pareto-x", pareto_x, f"one of {list(metrics)}")
-    check_policies([policy or spec.policy.name], spec, "--policy" if policy else None, "sweep", fixed=not planner_only)
+    check_policies([spec.policy.name if policy is None else policy], spec, "--policy" if policy is not None else None, "sweep", fixed=not planner_only)  # `--policy ""` is refused
     out_dir = out or Path("runs/sweep") / spec.name
     check_folder(out_dir, "pearl sweep", "--out")
     for name in ("sweep.json", "sweep.md") + (() if plot else ("sweep.png",)):
