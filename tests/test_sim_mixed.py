@@ -128,3 +128,23 @@ def test_the_router_follows_the_decisions_shares_on_mixed_kinds() -> None:
     assert len(a100_decode) == 4 and all(i.engine.stats.decode_tokens == 0 for i in a100_decode)
     assert with_idle.batch_times_s == runs["without"][0].batch_times_s and len(with_idle.batch_times_s) >= 2
     assert max(with_idle.batch_times_s[1:]) <= 1.05 * pol.predicted_s, (with_idle.batch_times_s, pol.predicted_s)
+
+
+def test_predict_on_a_mixed_cluster_reports_each_type_alone() -> None:
+    """`pearl predict` on a mixed cluster once priced all 28 GPUs as H800; the main tables are
+    now the rollout type's own GPUs, and each (type, TP) kind is predicted on its own GPUs."""
+    out = invoke(["predict", "--config", CONFIG, "--json"], 60)
+    assert out.exit_code == 0, out.stderr[-800:]
+    got = strict_loads(out.stdout)
+    spec = load_experiment(CONFIG)
+    models = build_models(spec)
+    own = {typ: spec.cluster.gpus_in_pool("rollout", typ) + spec.cluster.gpus_in_pool("elastic", typ) for typ in ("H800", "H20", "A100")}
+    assert got["gpu_type"] == "H800" and got["gpus"] == own["H800"] == 4
+    assert got["colocated"]["completion_s"] == round(models.predictor.colocated(4).completion_s, 3)
+    rows = {(r["gpu_type"], r["tp"]): r for r in got["by_kind"]}
+    assert set(rows) == {(typ, t) for typ, t, _ in models.variants} and len(rows) == 9
+    for typ, t, p in models.variants:
+        r = rows[(typ, t)]
+        assert r["gpus"] == own[typ] // t * t
+        assert r["colocated_s"] == round(p.colocated(own[typ] // t).completion_s, 3)
+    assert rows[("A100", 4)]["colocated_s"] < rows[("H800", 4)]["colocated_s"]  # 12 A100 against 4 H800

@@ -16,7 +16,7 @@ from runtime.flags import batch_option, gpus_option
 @user_errors
 def predict(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/experiments/*.yaml)"),
-    gpus: Optional[int] = gpus_option("rollout GPUs (default: rollout + elastic pools)"),
+    gpus: Optional[int] = gpus_option("rollout GPUs (default: rollout + elastic pools; on a mixed cluster the rollout GPU type's)"),
     batch: Optional[int] = batch_option("trajectories per batch (default: workload's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -27,7 +27,9 @@ def predict(
 
     spec = load_experiment(config)
     m = build_models(spec, batch=batch)
-    n_gpus = gpus or rollout_gpu_count(spec)
+    # a mixed cluster: the tables above are the rollout type's, on its own GPUs; each type alone follows
+    home_gpus = sum(spec.cluster.gpus_in_pool(pool, m.rollout_gpu) for pool in ("rollout", "elastic"))
+    n_gpus = gpus or (home_gpus if m.variants else rollout_gpu_count(spec))
     n_col = n_gpus // m.tp_colocated
     n_dis = n_gpus // m.tp_decode
     col = m.predictor.colocated(n_col)
@@ -52,19 +54,31 @@ def predict(
         "model": spec.model_name,
         "profile": {"name": m.profile.name, "label": m.profile.label},
     }
+    if m.variants:
+        out["gpu_type"] = m.rollout_gpu
+        out["by_kind"] = by_kind(spec, m)
     if as_json:
         print_json(out)
         return
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{spec.name}: {spec.model_name}, batch {out['batch']}, {n_gpus} rollout {m.rollout_gpu} GPUs (profile {m.profile.name}, {m.profile.label})")
+    whose = f"{n_gpus} rollout {m.rollout_gpu} GPUs" + (f" of the mixed cluster's {rollout_gpu_count(spec)}" if m.variants else "")
+    t = Table(title=f"{spec.name}: {spec.model_name}, batch {out['batch']}, {whose} (profile {m.profile.name}, {m.profile.label})")
     for col_name in ("mode", "instances", "completion (s)", "detail"):
         t.add_column(col_name)
     t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", _seconds(col.completion_s, col_why), col_why or f"mean decode concurrency {col.mean_concurrency:.1f}/instance; profile {out['colocated']['profile']}")
     t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", _seconds(dis.completion_s, dis_why),
               dis_why or f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s; profile {out['disaggregated']['profile']}")
     Console().print(t)
+    if m.variants:
+        k = Table(title="each GPU type alone, at each TP degree (its rollout and elastic GPUs; the mixed layout is `pearl plan`'s)")
+        for col_name in ("GPU type", "GPUs", "TP", "colocated (s)", "best P:D (s)"):
+            k.add_column(col_name)
+        for row in out["by_kind"]:
+            dis_s = "-" if row["disaggregated_s"] is None else f"{row['disaggregated_s']:.1f} ({row['prefill']}P{row['decode']}D)"
+            k.add_row(row["gpu_type"], str(row["gpus"]), str(row["tp"]), "-" if row["colocated_s"] is None else f"{row['colocated_s']:.1f}", dis_s)
+        Console().print(k)
     if best is None:
         Console().print("best: [bold]none[/bold] (no mode is feasible)")
         return
@@ -72,6 +86,25 @@ def predict(
     mine = col.completion_s if best == "colocated" else dis.completion_s
     gain = f"{(other - mine) / other * 100:.1f}% faster" if math.isfinite(other) else "the only feasible mode"
     Console().print(f"best: [bold]{best}[/bold] ({gain})")
+
+
+def by_kind(spec, m) -> list[dict]:
+    """Per (GPU type, TP degree) of a mixed cluster: that type's rollout and elastic GPUs alone,
+    colocated and at the best P:D split, each at this degree where the role may use it (None:
+    it may not, or no instance fits)."""
+    rows = []
+    tp = spec.cluster.tp
+    for typ, t, p in m.variants:
+        n = sum(spec.cluster.gpus_in_pool(pool, typ) for pool in ("rollout", "elastic")) // t
+        col = p.colocated(n).completion_s if t in tp.colocated and n >= 1 else math.inf
+        dis = p.best_disaggregated(n) if t in tp.prefill and t in tp.decode and n >= 2 else None
+        dis_s = dis.completion_s if dis is not None else math.inf
+        rows.append({"gpu_type": typ, "tp": t, "gpus": n * t,
+                     "colocated_s": round(col, 3) if math.isfinite(col) else None,
+                     "disaggregated_s": round(dis_s, 3) if math.isfinite(dis_s) else None,
+                     "prefill": dis.prefill if dis is not None and math.isfinite(dis_s) else None,
+                     "decode": dis.decode if dis is not None and math.isfinite(dis_s) else None})
+    return rows
 
 
 def infeasible(completion_s: float, gpus: int, instances: int, needed: int, tp: int) -> str | None:
