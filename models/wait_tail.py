@@ -80,13 +80,19 @@ def latest_finish(turn_s: np.ndarray, active: np.ndarray, env_mean_s: float, env
         pdf_n = np.where(above, np.exp(-0.5 * z * z) / (np.sqrt(2.0 * np.pi) * sd * np.where(above, y, 1.0)), 0.0)
         wins = np.nan_to_num(count * pdf_n * np.exp(log_cdf[:, :, None] - log_f))
     dx = width / (GRID - 1)
-    latest = lo + np.trapezoid(1.0 - np.exp(log_cdf), dx=dx, axis=1)
-    p = np.trapezoid(wins, dx=dx, axis=1)
+    latest = lo + _trapezoid(1.0 - np.exp(log_cdf), dx)
+    p = _trapezoid(wins, dx)
     p = p / np.maximum(p.sum(axis=1, keepdims=True), 1e-300)
     excess = np.maximum(latest - (p * base).sum(axis=1), 0.0) / np.maximum((p * ns).sum(axis=1), 1.0)
     latest, excess = latest[rows], excess[rows]
     latest = np.where(finite, np.maximum(latest, plain), plain)
     return latest, np.where(finite, excess, 0.0)
+
+
+def _trapezoid(y: np.ndarray, dx: np.ndarray) -> np.ndarray:
+    """The trapezoid rule along axis 1 with per-row spacing (np.trapezoid is numpy >= 2 only)."""
+    d = dx.reshape(dx.shape + (1,) * (y.ndim - 2))
+    return d * (y.sum(axis=1) - 0.5 * (y[:, 0] + y[:, -1]))
 
 
 def active_behind(schedule_s: np.ndarray, turn_s: np.ndarray, active: np.ndarray, excess_s: np.ndarray) -> np.ndarray:
