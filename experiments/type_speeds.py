@@ -20,7 +20,7 @@ first one it served (the router follows the decisions' shares), the run's rollou
 and the mean batch seconds and |prediction error| over the run's second half. Writes
 results/type_speeds.json and prints a table.
 
-    python experiments/type_speeds.py --repeats 3 --steps 12
+    python experiments/type_speeds.py --repeats 3 --steps 12 [--wait-tail --out results/type_speeds_wait_tail.json]
 """
 
 from __future__ import annotations
@@ -86,6 +86,9 @@ def summarize(steps: list[dict[str, Any]], slow: str, home: str) -> dict[str, An
         "rollout_s": round(sum(s["rollout_s"] for s in steps), 1),
         "late_batch_s": round(statistics.mean(s["rollout_s"] for s in late), 1) if late else None,
         "late_abs_error_pct": round(statistics.mean(errors), 1) if errors else None,
+        # the batch-level engine speed the fit ends at (the engines run ~1.1x their profile at 10x), and how far batches ran past their predictions
+        "final_speed": round(steps[-1]["speed"], 3) if steps else None,
+        "measured_over_predicted": round(sum(s["rollout_s"] for s in steps) / sum(s["predicted_s"] for s in steps), 3) if steps else None,
         "steps": [{"step": s["step"], "kinds": s["kinds"], "type_seconds": s["type_seconds"], "type_speeds": s["type_speeds"], "speed": s["speed"],
                    "rollout_s": round(s["rollout_s"], 2), "predicted_s": round(s["predicted_s"], 2), "error_pct": round(s["error"] * 100, 1), "disrupted": s["disrupted"]} for s in steps],
     }
@@ -107,6 +110,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--time-scale", type=float, default=10.0, help="virtual seconds per wall second (runtime.time_scale; the config's is 40)")
     ap.add_argument("--traces", action="store_true", help="elastic GPUs follow the config's traces (default: all there from the start; the traces' windows give a type few batches)")
+    ap.add_argument("--wait-tail", action="store_true", help="predict with predictor.wait_tail (the batch's last finisher; README, \"The tool waits' tail\")")
     ap.add_argument("--out", default=str(ROOT / "results/type_speeds.json"))
     args = ap.parse_args()
     slow, factor = parse_slowdown(args.slow)
@@ -117,6 +121,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         base = load_experiment(args.config)
+        if args.wait_tail:
+            base = base.model_copy(update={"predictor": base.predictor.model_copy(update={"wait_tail": True})})
         check = base.model_copy(update={"runtime": base.runtime.model_copy(update={"emulated_slowdown": {slow: factor}})})
         types = sorted({g.gpu for g in check.cluster.nodes})
         if slow not in types or not 0 < factor <= 100:
@@ -139,7 +145,7 @@ def main() -> None:
             print(f"repeat {rep} per_type={per_type}: learned {row['learned_ratio']}, {slow} share after {row['slow_type_request_share_after']}, "
                   f"rollout {row['rollout_s']} s, late batches {row['late_batch_s']} s, |error| {row['late_abs_error_pct']}%", file=sys.stderr)
     meta = {"config": os.path.relpath(args.config, ROOT), "elastic": "traces" if args.traces else "all from the start", "slowed_type": slow, "slowdown": factor, "rollout_type": home, "steps": args.steps, "repeats": args.repeats,
-            "time_scale": args.time_scale,
+            "time_scale": args.time_scale, "wait_tail": base.predictor.wait_tail,
             "machine": "shared 2-core VM", "load_average_1m": round(os.getloadavg()[0], 2)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -147,10 +153,11 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{slow} engines {factor:g}x slower than their profile; {args.steps} steps per run (results/type_speeds.json)")
-    for c in ("repeat", "speeds", f"learned {slow}/{home}", f"{slow} request share", "rollout s (all)", "batch s (2nd half)", "|error| % (2nd half)"):
+    t = Table(title=f"{slow} engines {factor:g}x slower than their profile; {args.steps} steps per run{'; predictor.wait_tail' if args.wait_tail else ''} ({args.out})")
+    for c in ("repeat", "speeds", f"learned {slow}/{home}", f"{slow} request share", "rollout s (all)", "batch s (2nd half)", "|error| % (2nd half)",
+              "final speed", "measured / predicted"):
         t.add_column(c, justify="right")
-    keys = ("learned_ratio", "slow_type_request_share_after", "rollout_s", "late_batch_s", "late_abs_error_pct")
+    keys = ("learned_ratio", "slow_type_request_share_after", "rollout_s", "late_batch_s", "late_abs_error_pct", "final_speed", "measured_over_predicted")
     for r in rows:
         t.add_row(str(r["repeat"]), "per type" if r["per_type_speeds"] else "one for all", *(str(r[k]) for k in keys))
     for per_type in (True, False):
