@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -118,3 +119,30 @@ def test_losing_prefix_reuse_never_speeds_the_batch(model: str, tp: int, w: Work
     reuse, no_reuse = (predictor(model, tp, w.model_copy(update={"prefix_cache_hit": h})) for h in (1.0, 0.0))
     assert no_reuse.colocated(n).completion_s >= reuse.colocated(n).completion_s * (1 - RTOL)
     assert no_reuse.best_disaggregated(total).completion_s >= reuse.best_disaggregated(total).completion_s * (1 - QUEUE_RTOL)
+
+
+def tailed(p: RolloutPredictor) -> RolloutPredictor:
+    """The same predictor, predicting the batch's last finisher (`predictor.wait_tail`)."""
+    return replace(p, wait_tail=True, _cache={})
+
+
+@SETTINGS
+@given(models_, tps, workloads())
+def test_the_last_finisher_keeps_more_instances_never_slower_and_is_never_sooner(model: str, tp: int, w: WorkloadSpec) -> None:
+    plain = predictor(model, tp, w)
+    tail = tailed(plain)
+    for table in ("colocated_many", "decode_path_many"):
+        t = getattr(tail, table)(N)[0]
+        assert non_increasing(t), (table, t)
+        assert np.all(t >= getattr(plain, table)(N)[0] * (1 - RTOL)), table
+
+
+@SETTINGS
+@given(models_, tps, workloads(), st.floats(1.0, 10.0), st.integers(1, 200), st.integers(1, 64), st.integers(1, 32), st.integers(2, 32))
+def test_the_last_finisher_never_comes_sooner_with_longer_waits_or_more_trajectories(model: str, tp: int, w: WorkloadSpec, factor: float, batch: int,
+                                                                                   extra: int, n: int, total: int) -> None:
+    base = tailed(predictor(model, tp, w, batch))
+    for more in (tailed(predictor(model, tp, w, batch, env_scale=factor)), tailed(predictor(model, tp, w, batch + extra))):
+        assert more.colocated(n).completion_s >= base.colocated(n).completion_s * (1 - RTOL)
+        n_p = max(1, total // 3)
+        assert more.disaggregated(n_p, total - n_p).completion_s >= base.disaggregated(n_p, total - n_p).completion_s * (1 - QUEUE_RTOL)

@@ -36,7 +36,7 @@ def test_latest_finish_matches_drawn_waits(batch: int, cv: float) -> None:
     turn = mean + rng.uniform(8.0, 20.0, size=(3, active.size))  # engine part per turn, three candidates
     latest, excess = latest_finish(turn, active, mean, var)
     s2 = np.log1p(cv * cv)
-    draws = rng.lognormal(np.log(mean) - s2 / 2, np.sqrt(s2), size=(4000, batch, active.size))
+    draws = rng.lognormal(np.log(mean) - s2 / 2, np.sqrt(s2), size=(2000, batch, active.size))
     waits = np.where(np.arange(active.size)[None, None, :] < n[None, :, None], draws, 0.0).sum(axis=2)
     for row in range(3):
         engine = np.concatenate([[0.0], np.cumsum(turn[row] - mean)])[n]
@@ -45,7 +45,7 @@ def test_latest_finish_matches_drawn_waits(batch: int, cv: float) -> None:
         assert latest[row] == pytest.approx(drawn, rel=0.01)
         assert latest[row] > turn[row].sum() * 1.02  # the tail is not a rounding: the mean wait's path finishes sooner
         last = finish.argmax(axis=1)
-        behind = ((waits[np.arange(4000), last] - n[last] * mean) / n[last]).mean()
+        behind = ((waits[np.arange(2000), last] - n[last] * mean) / n[last]).mean()
         assert excess[row] == pytest.approx(behind, rel=0.15)
 
 
