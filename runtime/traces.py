@@ -309,7 +309,29 @@ def read_raw(path: Path, fmt: str = "auto", initial: int | None = None) -> RawTr
     text = _text(path)
     if not text.strip():
         raise _bad(path, "<file>", "empty", "a non-empty trace file")
-    fmt = _detect(path, text) if fmt == "auto" else fmt
+    if fmt == "auto":
+        return _read_as(path, text, _detect(path, text), initial)
+    try:
+        return _read_as(path, text, fmt, initial)
+    except ConfigError as exc:
+        own = _own_format(path, text)
+        if own is None or own == fmt:
+            raise
+        # the file is fine in its own format: the forced one is the mistake, not the rows it found
+        raise _bad(path, "trace.format", fmt, f"'{own}' or 'auto' for this file (read as '{fmt}': {exc.field}: {exc.allowed})") from None
+
+
+def _own_format(path: Path, text: str) -> str | None:
+    """The format `auto` detects and reads the file as, else None."""
+    try:
+        own = _detect(path, text)
+        _read_as(path, text, own, None)
+    except ConfigError:
+        return None
+    return own
+
+
+def _read_as(path: Path, text: str, fmt: str, initial: int | None) -> RawTrace:
     if fmt == "skypilot":
         return read_skypilot(path, text)
     if fmt in ("bamboo-count", "bamboo-minute"):

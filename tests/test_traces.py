@@ -106,3 +106,25 @@ def test_missing_and_too_short() -> None:
         load_trace(TraceSpec(path=path, offset_hours=6.0, hours=1.0))
     with pytest.raises(ConfigError, match="trace.hours"):
         load_trace(TraceSpec(path=path, offset_hours=5.0, hours=1.0))
+
+
+@pytest.mark.parametrize("path, forced, own", [
+    (SPOT / "availability/16-node/aws-08-27-2023/us-west-2a_v100_1.json", "bamboo-count", "skypilot"),
+    (BAMBOO / "trace--full-64-node-trace/full-64-node-trace.csv", "bamboo-events", "bamboo-count"),
+], ids=["skypilot-as-bamboo-count", "bamboo-count-as-events"])
+def test_a_forced_format_the_file_is_not_in_blames_the_format(path: Path, forced: str, own: str) -> None:
+    """A real file read as another format once failed on its rows (`<rows>: at least one
+    time,count row`), sending the user to a file that is fine; the mistake is `format`."""
+    with pytest.raises(ConfigError) as exc:
+        load_trace(TraceSpec(path=str(path), format=forced))  # type: ignore[arg-type]
+    err = exc.value
+    assert err.field == "trace.format" and err.value == forced and f"'{own}' or 'auto'" in err.allowed, str(err)
+    assert load_trace(TraceSpec(path=str(path), format=own)).gpus  # its own format reads
+
+
+def test_a_broken_file_in_its_forced_format_still_names_the_row(tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("timestamp,count\n2021-07-26T18:42:00Z,eight\n")
+    with pytest.raises(ConfigError) as exc:
+        load_trace(TraceSpec(path=str(p), format="bamboo-count"))
+    assert exc.value.field == "line 2", str(exc.value)
