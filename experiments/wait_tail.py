@@ -13,7 +13,10 @@ by step and draws every trajectory's own waits; it never reads the predictor's c
                and H20; waits lognormal, mean 3.95 s, cv 1, at most 30 s; batches of 64):
                fixed layouts on the reserved H800 (`--home`), and the layout the planner picks
                with every elastic GPU present (no lending, staleness 0, no refit) under each
-               predictor, each simulated.
+               predictor, each simulated;
+  elastic      configs/experiments/mixed-elastic.yaml (batches of 1,024, spot H20 and A100 on
+               their traces): PEARL's 2 simulated hours under each predictor, per seed, as
+               `pearl simulate` runs it (tokens/s, batches, mean batch time).
 
 Writes results/wait_tail.json and prints a table per setting.
 
@@ -156,6 +159,24 @@ def int_list(lowest: int, most: int | None = None):
     return parse
 
 
+def elastic(spec: ExperimentSpec, seeds: list[int]) -> list[dict]:
+    """PEARL over the config's trace window under each predictor, per seed."""
+    from runtime.sim.run import TraceFlags, run_hours
+    from runtime.sim.run import simulate as run_sim
+
+    hours = run_hours(spec)
+    rows = []
+    for seed in seeds:
+        row: dict = {"seed": seed, "hours": hours}
+        for k, on in zip(PREDICTORS, (False, True)):
+            r = run_sim(with_tail(spec, on), "pearl", TraceFlags(), hours=hours, seed=seed)
+            first = next((info.get("layout_by_type") for _, _, _, info in r.decision_log if info.get("applied") and "layout_by_type" in info), None)
+            row[k] = {"tokens_per_s": round(r.tokens_per_s, 1), "batches": len(r.batch_times_s),
+                      "mean_batch_s": round(float(np.mean(r.batch_times_s)), 1) if r.batch_times_s else None, "first_layout": first}
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=ROOT / "configs/experiments/pd-crossover.yaml", help="the calibrated setting")
@@ -163,6 +184,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int_list(1), default=[64, 256, 1024], help="trajectories per rollout batch (calibrated setting)")
     ap.add_argument("--simulated-batches", type=lambda x: int_list(2, most=1)(x)[0], default=6, help="batches simulated per layout, calibrated setting (the first, cold one is dropped)")
     ap.add_argument("--mixed-batches", type=lambda x: int_list(2, most=1)(x)[0], default=20, help="batches simulated per layout, mixed setting (the first is dropped)")
+    ap.add_argument("--elastic-config", type=Path, default=ROOT / "configs/experiments/mixed-elastic.yaml")
+    ap.add_argument("--elastic-seeds", type=int_list(0), default=[0, 1, 2, 3], help="seeds of the elastic setting's runs")
     ap.add_argument("--home", default="1C,2C,1P1D", help="fixed layouts on the mixed setting's reserved H800 (TP1)")
     ap.add_argument("--seeds", type=int_list(0), default=[0], help="simulator seeds; every layout's batches pooled over them")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results")
@@ -172,12 +195,14 @@ def main() -> None:
     seeds = args.seeds
     cal = [calibrated(spec, b, args.simulated_batches, seeds) for b in args.batches]
     mix = mixed(load_experiment(args.mixed_config), [h for h in args.home.split(",") if h], args.mixed_batches, seeds)
+    ela = elastic(load_experiment(args.elastic_config), args.elastic_seeds)
     wall = time.perf_counter() - t0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "wait_tail.json"
     out.write_text(json.dumps({"calibrated_config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
                                "mixed_config": str(args.mixed_config.relative_to(ROOT) if args.mixed_config.is_relative_to(ROOT) else args.mixed_config),
-                               "seeds": seeds, "wall_s": round(wall, 1), "calibrated": cal, "mixed": mix}, indent=1))
+                               "seeds": seeds, "elastic_config": str(args.elastic_config.relative_to(ROOT) if args.elastic_config.is_relative_to(ROOT) else args.elastic_config),
+                               "wall_s": round(wall, 1), "calibrated": cal, "mixed": mix, "elastic": ela}, indent=1))
     con = Console(width=140)
     t = Table(title=f"calibrated workload ({args.config.name}): predicted / simulated - 1, every layout")
     for c in ("batch", "mean |err| plain", "mean |err| wait_tail", "mean err plain", "mean err wait_tail", "picks plain (regret)", "picks wait_tail (regret)", "sim best"):
@@ -196,6 +221,13 @@ def main() -> None:
         label = f"planner, {k}: " + ", ".join(f"{ty} {lay}" for ty, lay in (r["layout"] or {}).items())
         pred = f"{r['predicted_s']:.1f} ({r.get('error_pct', float('nan')):+.1f}%)" if r["predicted_s"] else "-"
         t.add_row(label, pred if k == "plain" else "", pred if k == "wait_tail" else "", f"{r['simulated_s']}", str(r["batches"]))
+    con.print(t)
+    t = Table(title=f"PEARL on {args.elastic_config.name}, {ela[0]['hours'] if ela else 0:g} simulated h per seed")
+    for c in ("seed", "tokens/s plain", "tokens/s wait_tail", "batches plain / wait_tail", "mean batch s plain / wait_tail"):
+        t.add_column(c, justify="right")
+    for r in ela:
+        a, b = r["plain"], r["wait_tail"]
+        t.add_row(str(r["seed"]), f"{a['tokens_per_s']:,.0f}", f"{b['tokens_per_s']:,.0f}", f"{a['batches']} / {b['batches']}", f"{a['mean_batch_s']} / {b['mean_batch_s']}")
     con.print(t)
     print(f"wrote {out} ({wall:.0f} s)")
 
