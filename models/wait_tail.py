@@ -3,8 +3,9 @@
 The turn-indexed predictor (models/predictor.py) follows the trajectory with the most turns at
 the mean tool wait. With waits that vary (lognormal, cv 1, in the shipped workloads) the batch
 ends with whichever trajectory drew the longest waits over its turns, often one with a few
-turns fewer: 14-26% after the prediction on the mixed-cluster workload (README, "Per-type
-speeds"). Two effects, computed here per candidate row:
+turns fewer: 17-25% after the prediction on the mixed-cluster workload (README, "The tool
+waits' tail", where experiments/wait_tail.py measures both). Two effects, computed here per
+candidate row:
 
   latest finish   trajectory i with n_i turns finishes at D(n_i) + W_i: D the turn-indexed
                   engine part of its first n_i turns, W_i the sum of its n_i waits
