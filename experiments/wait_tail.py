@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models, rollout_gpu_count  # noqa: E402
-from models.config import ElasticEventSpec, ExperimentSpec, load_experiment  # noqa: E402
+from experiments.predictor_vs_sim import layouts  # noqa: E402
+from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, load_experiment  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
 from runtime.sim.planner_adapter import PlannerPolicy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
@@ -66,11 +67,6 @@ def simulated(models: ExperimentModels, lay: Layout, batches: int, horizon_s: fl
         r = Simulator(models, FixedLayout(lay, tp), None, hours=max(horizon_s * batches, 60.0) / 3600.0, seed=seed, rollout_only=True).run()
         times += r.batch_times_s[1:] if len(r.batch_times_s) > 2 else r.batch_times_s
     return float(np.mean(times)), len(times)
-
-
-def layouts(workers: int) -> list[tuple[str, Layout]]:
-    out = [(f"{workers}C", Layout("colocated", colocated=workers))]
-    return out + [(f"{p}P{workers - p}D", Layout("disaggregated", prefill=p, decode=workers - p)) for p in range(1, workers)]
 
 
 def error_pct(pred: float, sim: float) -> float:
@@ -132,7 +128,8 @@ def mixed(spec: ExperimentSpec, home: list[str], batches: int, seeds: list[int])
     out: dict = {"home": [], "planner": {}}
     plain, tail = build_models(with_tail(s, False)), build_models(with_tail(s, True))
     for name in home:
-        lay = Layout("colocated", colocated=int(name[:-1])) if name.endswith("C") else Layout("disaggregated", prefill=int(name.split("P")[0]), decode=int(name.split("P")[1][:-1]))
+        c, p_, d = layout_counts(name)  # checked in main
+        lay = Layout("colocated" if c else "disaggregated", c, p_, d)
         p, t = predicted(plain, lay), predicted(tail, lay)
         sim, n = simulated(plain, lay, batches, p, seeds)
         out["home"].append({"layout": f"{name} H800 TP1", "plain_s": round(p, 1), "wait_tail_s": round(t, 1), "simulated_s": round(sim, 1), "batches": n,
@@ -190,6 +187,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int_list(0), default=[0], help="simulator seeds; every layout's batches pooled over them")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results")
     args = ap.parse_args()
+    bad = [h for h in args.home.split(",") if h and layout_counts(h) is None]
+    if bad:
+        ap.error(f"argument --home: got {bad[0]!r}; allowed: layout labels like 1C or 1P1D, comma-separated")
     t0 = time.perf_counter()
     spec = load_experiment(args.config)
     seeds = args.seeds

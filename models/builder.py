@@ -174,6 +174,7 @@ def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: En
     return tuple(out), tuple(labels)
 
 
-def rollout_gpu_count(spec: ExperimentSpec, include_elastic: bool = True) -> int:
-    n = spec.cluster.gpus_in_pool("rollout")
-    return n + (spec.cluster.gpus_in_pool("elastic") if include_elastic else 0)
+def rollout_gpu_count(spec: ExperimentSpec, include_elastic: bool = True, gpu_type: str | None = None) -> int:
+    """Reserved rollout GPUs, and elastic ones unless told not to (of one GPU type only, if given)."""
+    n = spec.cluster.gpus_in_pool("rollout", gpu_type)
+    return n + (spec.cluster.gpus_in_pool("elastic", gpu_type) if include_elastic else 0)

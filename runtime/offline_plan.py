@@ -70,7 +70,9 @@ def load_typed_windows(spec: ExperimentSpec, offset_hours: float | None = None, 
     flagged = {name for name, v in (("hours", hours), ("offset_hours", offset_hours)) if v is not None}
     out = {}
     for typ, tspec in spec.elastic_traces.items():
-        span = hours if hours is not None else None if tspec.hours else fallback_hours
+        span = hours  # a flag sets every type's window
+        if span is None and not tspec.hours:
+            span = fallback_hours  # else the type's own `hours`
         try:
             out[typ] = load_trace(tspec, pool_gpus=spec.cluster.gpus_in_pool("elastic", typ), offset_hours=offset_hours, hours=span)
         except ConfigError as exc:

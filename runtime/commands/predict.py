@@ -27,9 +27,8 @@ def predict(
 
     spec = load_experiment(config)
     m = build_models(spec, batch=batch)
-    # a mixed cluster: the tables above are the rollout type's, on its own GPUs; each type alone follows
-    home_gpus = sum(spec.cluster.gpus_in_pool(pool, m.rollout_gpu) for pool in ("rollout", "elastic"))
-    n_gpus = gpus or (home_gpus if m.variants else rollout_gpu_count(spec))
+    # a mixed cluster: the two modes are the rollout type's, on its own GPUs; each type alone follows (by_kind)
+    n_gpus = gpus or rollout_gpu_count(spec, gpu_type=m.rollout_gpu if m.variants else None)
     n_col = n_gpus // m.tp_colocated
     n_dis = n_gpus // m.tp_decode
     col = m.predictor.colocated(n_col)
@@ -92,18 +91,18 @@ def by_kind(spec, m) -> list[dict]:
     """Per (GPU type, TP degree) of a mixed cluster: that type's rollout and elastic GPUs alone,
     colocated and at the best P:D split, each at this degree where the role may use it (None:
     it may not, or no instance fits)."""
+    from models.builder import rollout_gpu_count
+
     rows = []
     tp = spec.cluster.tp
     for typ, t, p in m.variants:
-        n = sum(spec.cluster.gpus_in_pool(pool, typ) for pool in ("rollout", "elastic")) // t
-        col = p.colocated(n).completion_s if t in tp.colocated and n >= 1 else math.inf
-        dis = p.best_disaggregated(n) if t in tp.prefill and t in tp.decode and n >= 2 else None
-        dis_s = dis.completion_s if dis is not None else math.inf
-        rows.append({"gpu_type": typ, "tp": t, "gpus": n * t,
-                     "colocated_s": round(col, 3) if math.isfinite(col) else None,
-                     "disaggregated_s": round(dis_s, 3) if math.isfinite(dis_s) else None,
-                     "prefill": dis.prefill if dis is not None and math.isfinite(dis_s) else None,
-                     "decode": dis.decode if dis is not None and math.isfinite(dis_s) else None})
+        n = rollout_gpu_count(spec, gpu_type=typ) // t
+        col = p.colocated(n).completion_s if t in tp.colocated else math.inf  # n = 0: inf
+        dis = p.best_disaggregated(n) if t in tp.prefill and t in tp.decode else None  # n < 2: inf
+        dis = dis if dis is not None and math.isfinite(dis.completion_s) else None
+        rows.append({"gpu_type": typ, "tp": t, "gpus": n * t, "colocated_s": round(col, 3) if math.isfinite(col) else None,
+                     "disaggregated_s": round(dis.completion_s, 3) if dis else None,
+                     "prefill": dis.prefill if dis else None, "decode": dis.decode if dis else None})
     return rows
 
 
