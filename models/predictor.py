@@ -293,7 +293,7 @@ class RolloutPredictor:
         """A trajectory's own prefill per turn on an unloaded prefill instance (the decode path's part)."""
         if "p1" not in self._cache:
             new, prefix = self.shape.prefill_engine_tokens()
-            self._cache["p1"] = self.prefill_engine.prefill_time(new, 1.0, prefix)
+            self._cache["p1"] = self.prefill_engine.prefill_work(new, 1.0, prefix)
         return self._cache["p1"]
 
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
@@ -467,7 +467,7 @@ class RolloutPredictor:
         m = s.active[None, :] / n
         fresh, cached = s.prefill_engine_tokens()
         new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), fresh, cached, fresh + cached)
-        busy = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)
+        busy = eng.prefill_work(m * new_p, np.maximum(m, 1.0), m * prefix_p)
         send = self._kv_send_s(m * fresh, eng)  # the decode side's re-sends are on its own path
         last = s.env_s + s.response_tokens * float(self._tau(self.decode_engine, np.array([1.0]))[-1] if s.turns else 0.0)
         return (busy + send).sum(axis=1) + last
@@ -508,7 +508,7 @@ class RolloutPredictor:
         m = s.active[None, :] / n
         fresh, cached = s.prefill_engine_tokens()
         new_p, prefix_p = self._pressured(eng, np.maximum(m, 1.0), fresh, cached, fresh + cached)
-        a = eng.prefill_time(m * new_p, np.maximum(m, 1.0), m * prefix_p)  # one instance's prefill work per turn, as in T_P
+        a = eng.prefill_work(m * new_p, np.maximum(m, 1.0), m * prefix_p)  # one instance's prefill work per turn, as in T_P
         own, b = self._single_pd_prefill(), self._unqueued_turn()
         load = np.minimum(a, b)  # past saturation the longer cycle is T_P's, not the queue's
         d = load - b
@@ -520,8 +520,8 @@ class RolloutPredictor:
         # s_1 - S (the whole line when the turn fits one step). Arrivals spread over
         # a window w by the workload's own variance shorten that backlog at half the window's
         # rate, as in a fluid queue; the M/D/1 wait of a random loop is the floor.
-        steps = np.maximum(m * new_p / eng.step_token_budget(), 1.0)
-        step = eng.prefill_time(m * new_p / steps, np.maximum(m, 1.0) / steps, m * prefix_p / steps)  # one step of the line
+        steps = eng.prefill_steps(m * new_p)
+        step = a / steps  # one step of the line
         window = self._arrival_window(self.decode_engine)
         bunched = np.maximum(step - own - 0.5 * window[None, :], 0.0)
         wait = np.maximum(random, bunched)

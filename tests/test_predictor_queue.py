@@ -8,6 +8,7 @@ holds the rest). The disaggregated completion is max(T_P, T_D) + Q everywhere it
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from pathlib import Path
 
@@ -40,8 +41,8 @@ def _loads(p: RolloutPredictor, n_p: int) -> tuple[np.ndarray, np.ndarray, np.nd
     m = s.active / n_p
     fresh, cached = s.prefill_engine_tokens()
     new, prefix = p._pressured(eng, np.maximum(m, 1.0), fresh, cached, fresh + cached)
-    a = eng.prefill_time(m * new, np.maximum(m, 1.0), m * prefix)
-    own = eng.prefill_time(fresh, 1.0, cached)
+    a = eng.prefill_work(m * new, np.maximum(m, 1.0), m * prefix)
+    own = eng.prefill_work(fresh, 1.0, cached)
     b = s.env_s + own + p._kv_send_s(fresh, eng) + s.response_tokens * p._tau(p.decode_engine, np.ones(1))
     return np.asarray(a), np.asarray(own), np.asarray(b)
 
@@ -49,12 +50,12 @@ def _loads(p: RolloutPredictor, n_p: int) -> tuple[np.ndarray, np.ndarray, np.nd
 def _first_turn_wait(p: RolloutPredictor, n_p: int) -> float:
     """Turn 0 (everyone starts at once): a request leaves with the step holding its last token,
     so over the batch's `steps` steps of s_1 seconds each it waits s_1 (steps + 1) / 2 - S on average."""
-    _, own, _ = _loads(p, n_p)
+    a, own, _ = _loads(p, n_p)
     fresh, cached = p.shape.prefill_engine_tokens()
     m = p.shape.active[0] / n_p
-    new, prefix = p._pressured(p.prefill_engine, np.maximum(m, 1.0), fresh, cached, fresh + cached)
-    steps = max(m * new[0] / p.prefill_engine.step_token_budget(), 1.0)
-    step = float(p.prefill_engine.prefill_time(m * new[0] / steps, max(m, 1.0) / steps, m * prefix[0] / steps))
+    new, _ = p._pressured(p.prefill_engine, np.maximum(m, 1.0), fresh, cached, fresh + cached)
+    steps = math.ceil(m * new[0] / p.prefill_engine.step_token_budget())
+    step = float(a[0]) / steps
     return max(step * (steps + 1.0) / 2.0 - own[0], 0.0)
 
 

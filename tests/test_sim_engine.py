@@ -160,3 +160,23 @@ def test_cohort_request_equals_its_identical_members(step, role):
     cohort = run([Request(0, 900, 4000, 200, width=4)])
     assert cohort[0] == pytest.approx(max(single[i] for i in range(4)), rel=1e-9)
     assert cohort[99] == pytest.approx(single[99], rel=1e-9)
+
+
+@pytest.mark.parametrize("config", ["paper-30b", "train-cpu-learn"])
+@pytest.mark.parametrize(("m", "new", "prefix"), [(1, 300, 0), (1, 30000, 500), (40, 3000, 0), (120, 5400, 2000), (7, 19000, 180), (64, 3000, 8000), (50, 700, 20000)])
+def test_prefill_work_is_what_a_prefill_instance_is_busy_for(config, m, new, prefix):
+    """The predictor's price of a turn's prefill load (`prefill_work`) is the engine model's busy
+    time for that backlog: chunked into budget-sized steps, requests cut across step boundaries."""
+    step = build_models(load_experiment(ROOT / f"configs/experiments/{config}.yaml")).predictor.prefill_engine
+    eng = Engine(EngineConfig(step, "prefill", kv_capacity_tokens=math.inf, max_batched_tokens=int(step.step_token_budget())))
+    for i in range(m):
+        eng.submit(Request(i, new, prefix, 1), 0.0)
+    while not eng.idle():
+        eng.on_event(eng.next_event())
+    want = eng.stats.busy_s
+    # within 4%: the engine averages a step's attention over the pieces of requests it holds
+    assert float(step.prefill_work(m * new, m, m * prefix)) == pytest.approx(want, rel=0.04)
+    assert eng.stats.steps == int(step.prefill_steps(m * new))
+    if m * new > 4 * step.step_token_budget():  # one step's price for the whole load misses every step's fixed part
+        assert float(step.prefill_time(m * new, m, m * prefix)) < 0.97 * want
+
