@@ -129,8 +129,11 @@ class EngineConfig:
     max_batched_tokens: int = DEFAULT_STEP_TOKENS
 
     @classmethod
-    def for_model(cls, step: StepLatencyModel, role: Role, memory_utilization: float = 0.9, max_seqs: int = 256, max_batched_tokens: int = DEFAULT_STEP_TOKENS) -> "EngineConfig":
-        return cls(step, role, step.kv_capacity_tokens(memory_utilization), max_seqs, max_batched_tokens)
+    def for_model(cls, step: StepLatencyModel, role: Role, memory_utilization: float = 0.9, max_seqs: int = 256, max_batched_tokens: int | None = None) -> "EngineConfig":
+        """An engine of `step`'s model; its step budget the profiled engine's (`step_token_budget`,
+        as the predictor prices steps) unless given."""
+        budget = int(step.step_token_budget()) if max_batched_tokens is None else max_batched_tokens
+        return cls(step, role, step.kv_capacity_tokens(memory_utilization), max_seqs, budget)
 
 
 @dataclass(frozen=True)

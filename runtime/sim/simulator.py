@@ -65,7 +65,7 @@ class Simulator(RolloutSide, ClusterSide):
         memory_utilization: float = 0.9,
         rollout_only: bool = False,
         cohort: int = 1,
-        max_batched_tokens: int = 8192,
+        max_batched_tokens: int | None = None,  # None: each engine's profiled step budget
         elastic_events: tuple = (),
     ) -> None:
         spec = models.spec
