@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import rollout_gpu_type  # noqa: E402
-from models.config import ConfigError, ElasticEventSpec, ExperimentSpec, load_experiment  # noqa: E402
+from models.config import ConfigError, ElasticEventSpec, ExperimentSpec, TimeScale, load_experiment  # noqa: E402
 
 CONFIG = ROOT / "configs/experiments/train-mixed-emulated.yaml"
 MIN_REQUESTS = 16  # as the tracker's MIN_TYPE_REQUESTS: a type that served fewer says nothing
@@ -116,8 +116,9 @@ def main() -> None:
     slow, factor = parse_slowdown(args.slow)
     if args.repeats < 1 or args.steps < 2:
         raise SystemExit(f"type_speeds: --repeats {args.repeats} --steps {args.steps}; allowed: --repeats >= 1, --steps >= 2")
-    if not 1e-3 <= args.time_scale <= 1e6:
-        raise SystemExit(f"type_speeds: --time-scale {args.time_scale:g}; allowed: 0.001 to 1e6 virtual seconds per wall second (runtime.time_scale's range)")
+    scale = TimeScale.__metadata__[0]  # runtime.time_scale's own range, not a copy of it
+    if not scale.lo <= args.time_scale <= scale.hi:
+        raise SystemExit(f"type_speeds: --time-scale {args.time_scale:g}; allowed: {scale.allowed()} (runtime.time_scale's range)")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         base = load_experiment(args.config)

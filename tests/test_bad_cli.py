@@ -371,3 +371,13 @@ def test_mutated_events_trace(tmp_path: Path, mutation: Mutation) -> None:
 @given(mutation=mutated_skypilot())
 def test_mutated_skypilot_trace(tmp_path: Path, mutation: Mutation) -> None:
     check_mutated(tmp_path, "sky.json", mutation)
+
+
+@pytest.mark.parametrize("scale", ["0", "2e6"])
+def test_type_speeds_time_scale_range_is_runtime_time_scales(scale: str) -> None:
+    """The experiment's --time-scale is refused where the config's runtime.time_scale would be,
+    with that field's own range in the one line (the bounds are read from it, not copied)."""
+    proc = subprocess.run([sys.executable, "experiments/type_speeds.py", "--time-scale", scale], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"type_speeds: --time-scale {float(scale):g}; allowed: a finite number greater than or equal to 0.001 "
+                                   "and less than or equal to 1000000 (runtime.time_scale's range)")
