@@ -182,10 +182,18 @@ def test_prefill_work_is_what_a_prefill_instance_is_busy_for(config, m, new, pre
 
 
 def test_engines_step_budget_is_the_profiled_engines():
-    """The simulator's and emulated engines' step budget is the one the predictor prices steps
-    with: the profiled engine's max_num_batched_tokens (2048 for the vllm-cpu profiles), else 8192."""
-    cpu = build_models(load_experiment(ROOT / "configs/experiments/train-cpu-learn.yaml")).predictor.prefill_engine
+    """The simulator's engines' step budget is the one the predictor prices steps with: the
+    profiled engine's max_num_batched_tokens (2048 for the vllm-cpu profiles), else 8192. The
+    emulated Ray engines build theirs with the same `EngineConfig.for_model(step, role)`."""
+    from runtime.sim.layout import FixedLayout, Layout
+    from runtime.sim.simulator import Simulator
+
+    cpu_models = build_models(load_experiment(ROOT / "configs/experiments/train-cpu-learn.yaml"))
+    cpu = cpu_models.predictor.prefill_engine
     gpu = build_models(load_experiment(ROOT / "configs/experiments/paper-30b.yaml")).predictor.prefill_engine
+    tp = {"colocated": cpu_models.tp_colocated, "prefill": cpu_models.tp_prefill, "decode": cpu_models.tp_decode}
+    sim = Simulator(cpu_models, FixedLayout(Layout("colocated", colocated=1), tp), None, hours=0.01)
+    assert {c.max_batched_tokens for c in sim.kind_cfg.values()} == {2048}
     assert EngineConfig.for_model(cpu, "prefill").max_batched_tokens == cpu.step_token_budget() == 2048
     assert EngineConfig.for_model(gpu, "decode").max_batched_tokens == gpu.step_token_budget() == 8192
     assert EngineConfig.for_model(cpu, "prefill", max_batched_tokens=512).max_batched_tokens == 512
