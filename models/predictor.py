@@ -520,7 +520,9 @@ class RolloutPredictor:
         # s_1 - S (the whole line when the turn fits one step). Arrivals spread over
         # a window w by the workload's own variance shorten that backlog at half the window's
         # rate, as in a fluid queue; the M/D/1 wait of a random loop is the floor.
-        steps = eng.prefill_steps(m * new_p)
+        # the line's step count taken as fractional (not the engine's whole steps): one more
+        # request must never shorten the line's mean wait (a whole count halves it as it passes a step)
+        steps = np.maximum(m * new_p / eng.step_token_budget(), 1.0)
         step = a / steps  # one step of the line
         window = self._arrival_window(self.decode_engine)
         bunched = np.maximum(step - own - 0.5 * window[None, :], 0.0)

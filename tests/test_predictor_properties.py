@@ -13,7 +13,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from models.config import CONFIG_ROOT, Distribution, WorkloadSpec, load_hardware, load_llms
@@ -137,8 +137,20 @@ def test_the_last_finisher_keeps_more_instances_never_slower_and_is_never_sooner
         assert np.all(t >= getattr(plain, table)(N)[0] * (1 - RTOL)), table
 
 
+def _constant(mean: float, lo: float, hi: float) -> Distribution:
+    return Distribution(kind="constant", mean=mean, cv=0.0, min=lo, max=hi)
+
+
+# found by this test: 4 prompts of 2,049 tokens need a second engine step where 3 fit one, and a
+# whole-step count for the prefill line halved its mean wait, so the fourth trajectory made the batch sooner
+LINE_SPLIT = WorkloadSpec(trajectories_per_batch=1, group_size=1, turns=_constant(2.0, 1, 60), initial_prompt_tokens=_constant(2049.0, 16, 16000),
+                          new_tokens_per_turn=_constant(1.0, 1, 8000), response_tokens_per_turn=_constant(1.0, 1, 4096),
+                          env_latency_s=_constant(1.0, 0, 120), max_trajectory_tokens=4096, prefix_cache_hit=0.0)
+
+
 @SETTINGS
 @given(models_, tps, workloads(), st.floats(1.0, 10.0), st.integers(1, 200), st.integers(1, 64), st.integers(1, 32), st.integers(2, 32))
+@example("qwen3-8b", 1, LINE_SPLIT, 1.0, 3, 1, 1, 2)
 def test_the_last_finisher_never_comes_sooner_with_longer_waits_or_more_trajectories(model: str, tp: int, w: WorkloadSpec, factor: float, batch: int,
                                                                                    extra: int, n: int, total: int) -> None:
     base = tailed(predictor(model, tp, w, batch))

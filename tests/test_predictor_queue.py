@@ -8,7 +8,6 @@ holds the rest). The disaggregated completion is max(T_P, T_D) + Q everywhere it
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def _first_turn_wait(p: RolloutPredictor, n_p: int) -> float:
     fresh, cached = p.shape.prefill_engine_tokens()
     m = p.shape.active[0] / n_p
     new, _ = p._pressured(p.prefill_engine, np.maximum(m, 1.0), fresh, cached, fresh + cached)
-    steps = math.ceil(m * new[0] / p.prefill_engine.step_token_budget())
+    steps = max(m * new[0] / p.prefill_engine.step_token_budget(), 1.0)
     step = float(a[0]) / steps
     return max(step * (steps + 1.0) / 2.0 - own[0], 0.0)
 
