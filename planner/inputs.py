@@ -16,7 +16,7 @@ import numpy as np
 
 from models import architecture as arch
 from models.builder import ExperimentModels
-from models.config import CostWeights, SolverSpec
+from models.config import CostWeights, ExperimentSpec, SolverSpec
 
 MEMORY_UTILIZATION = 0.9
 
@@ -163,6 +163,16 @@ class PlanningInputs:
         return self.table(role).tp
 
 
+def memory_model(spec: ExperimentSpec) -> MemoryModel:
+    """The config's weights, KV per token and GPU memory: where an instance of a degree fits."""
+    return MemoryModel(
+        weight_bytes=arch.weight_bytes(spec.model),
+        kv_bytes_per_token=float(arch.kv_bytes_per_token(spec.model)),
+        gpu_memory_gib={name: g.memory_gib for name, g in spec.hardware.gpus.items()},
+        max_seq_tokens=float(spec.workload.max_trajectory_tokens),
+    )
+
+
 def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeights | None = None, solver: SolverSpec | None = None) -> PlanningInputs:
     """Tabulate the predictor for up to `max_gpus` GPUs per role and collect costs."""
     spec = models.spec
@@ -188,12 +198,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
         "training": c.borrow_s + c.return_s,
     }
     costs = ActionCosts(start, c.drain_s, c.role_switch_s, c.borrow_s, c.return_s, c.engine_start_s, c.weight_load_storage_s)
-    memory = MemoryModel(
-        weight_bytes=arch.weight_bytes(spec.model),
-        kv_bytes_per_token=float(arch.kv_bytes_per_token(spec.model)),
-        gpu_memory_gib={name: g.memory_gib for name, g in spec.hardware.gpus.items()},
-        max_seq_tokens=float(spec.workload.max_trajectory_tokens),
-    )
+    memory = memory_model(spec)
     sv = solver or spec.solver
     settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap)
     degrees = spec.cluster.tp

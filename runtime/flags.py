@@ -99,23 +99,36 @@ def steps_option(help: str) -> Any:
     return int_option(None, "--steps", lo=1, hi=MAX_STEPS, help=help)
 
 
+def split_policies(text: str) -> list[str]:
+    """`--policies` names, comma-separated; a typed fixed layout keeps its own commas
+    (`pearl,fixed:H800=8P@TP1,H20=3D@TP4`: a piece with '=' continues the `fixed:` before it,
+    since no policy name holds one)."""
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if "=" in piece and out and out[-1].startswith("fixed:") and "=" in out[-1]:
+            out[-1] += "," + piece
+        elif piece:
+            out.append(piece)
+    return out
+
+
 def check_policies(names: list[str], spec: ExperimentSpec, flag: str | None, command: str, fixed: bool = True) -> None:
     """Refuse an unknown policy name before any work, blaming where the name came from: the
     flag (e.g. --policies) or, when none was given, the config's `policy.name` (the simulator's
     own check says `--policy` whatever the source). `fixed`: `fixed:...` layouts are allowed,
     when the cluster can run them."""
+    from planner.inputs import memory_model
     from planner.policies import POLICIES
-    from runtime.sim.layout import FIXED_FORM, fixed_layout_problem, parse_fixed
+    from runtime.sim.run import fixed_form, fixed_problem
 
     where = (f"pearl {command}", flag) if flag else (spec.source, "policy.name")
     for name in names:
-        layout = parse_fixed(name) if fixed else None
-        if layout is not None:
-            problem = fixed_layout_problem(layout, spec.cluster)
+        if fixed and name.startswith("fixed:"):
+            problem = fixed_problem(name, spec, memory_model(spec).fits)
             if problem is not None:
                 raise ConfigError(where[0], where[1], name, problem)
         elif name not in POLICIES:
-            raise ConfigError(where[0], where[1], name, f"one of {sorted(POLICIES)}" + (f" or {FIXED_FORM}" if fixed else ""))
+            raise ConfigError(where[0], where[1], name, f"one of {sorted(POLICIES)}" + (f" or {fixed_form(spec)}" if fixed else ""))
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import yaml
@@ -11,15 +10,6 @@ from cli_cases import invoke, strict_loads
 from models.config import load_experiment
 from runtime.sim.metrics import layout_label, longest_held_layout
 from models.builder import build_models
-from planner import mixed
-from planner.decision import SolverProof
-from planner.inputs import planning_inputs
-from planner.milp import Options
-from planner.solve import mixed_decision_from
-from planner.state import ROLES
-from planner.transition import build_plan
-from runtime.sim.layout import PolicyStep
-from runtime.sim.planner_adapter import NO_PLAN
 from runtime.sim.run import TraceFlags, load_availability, make_policy, run_hours
 from runtime.sim.simulator import Simulator
 
@@ -81,34 +71,6 @@ def test_layout_label_reads_roles_and_degrees() -> None:
     assert layout_label({"H20": {"decode": {4: 3}}, "H800": {"prefill": {1: 8}, "decode": {4: 2}}}) == {"H20": "3D@TP4", "H800": "2D@TP4 8P@TP1"}
 
 
-class HoldLayout:
-    """Starts one mixed layout ({(GPU type, role, TP): instances}, never on training GPUs) at the
-    first decision and keeps it, routed by its decision's shares."""
-
-    name = "hold"
-
-    def __init__(self, models, want: dict[tuple[str, str, int], int]) -> None:
-        self.inputs = planning_inputs(models, sum(g.count * g.gpus_per_node for g in models.spec.cluster.nodes))
-        self.want, self.predicted_s, self.shares, self.done = want, math.nan, (), False
-
-    def decide(self, state, inputs, now, event) -> PolicyStep:
-        if self.done:
-            return PolicyStep(NO_PLAN, "disaggregated", self.predicted_s, {}, self.shares)
-        problem = mixed.build_mixed_problem(state, self.inputs, now, Options(allow_borrow=False), prune=False)
-        left, x = dict(self.want), []
-        for g in problem.groups:
-            v, room = [0] * len(g.slots), g.total_cap if g.pool != "training" else 0
-            for i, (r, t) in enumerate(g.slots):
-                n = min(left.get((g.gpu_type, ROLES[r], t), 0), room // t)
-                v[i], room = n, room - n * t
-                left[(g.gpu_type, ROLES[r], t)] = left.get((g.gpu_type, ROLES[r], t), 0) - n
-            x.append(tuple(v))
-        assert not any(left.values()), left
-        d = mixed_decision_from(problem, tuple(x), SolverProof("evaluated", 0.0, 0.0, 0.0, 0.0, "none"))
-        self.predicted_s, self.shares, self.done = d.predicted_completion_s, d.shares, True
-        return PolicyStep(build_plan(state, d, self.inputs, now), d.mode, d.timeline_s, {}, d.shares)
-
-
 def test_the_router_follows_the_decisions_shares_on_mixed_kinds() -> None:
     """Three TP4 H20 decode instances beside four TP1 A100 ones: at the predicted decode path the
     A100 kind carries nothing (share 0), so the router leaves it idle and the batches run as
@@ -116,10 +78,9 @@ def test_the_router_follows_the_decisions_shares_on_mixed_kinds() -> None:
     took ~18% longer than predicted (the defect this guards against)."""
     spec = load_experiment(CONFIG).model_copy(update={"elastic_traces": None})  # every spot GPU up
     models = build_models(spec)
-    prefill = {("H800", "prefill", 1): 4, ("A100", "prefill", 1): 8}
     runs = {}
-    for name, decode in (("with", {("H20", "decode", 4): 3, ("A100", "decode", 1): 4}), ("without", {("H20", "decode", 4): 3})):
-        pol = HoldLayout(models, {**prefill, **decode})
+    for name, layout in (("with", "fixed:H800=4P@TP1,A100=8P@TP1+4D@TP1,H20=3D@TP4"), ("without", "fixed:H800=4P@TP1,A100=8P@TP1,H20=3D@TP4")):
+        pol = make_policy(layout, models)
         sim = Simulator(models, pol, None, hours=1.0, seed=0)
         runs[name] = (sim.run(), pol, sim)
     with_idle, pol, sim = runs["with"]

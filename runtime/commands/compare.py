@@ -73,7 +73,7 @@ def plot_comparison(results: dict, path: Path, title: str, reserved: int = 0) ->
 @user_errors
 def compare(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
-    policies: str = typer.Option("pearl,roll,rlboost+", "--policies", help="comma-separated policy names"),
+    policies: str = typer.Option("pearl,roll,rlboost+", "--policies", help="comma-separated policy names (a fixed layout per GPU type keeps its commas)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
     trace_offset_hours: Optional[float] = offset_option("start this many hours into the trace"),
     hours: Optional[float] = hours_option("simulated hours (default: the config's trace hours, else 2)"),
@@ -85,14 +85,14 @@ def compare(
     from models.builder import build_models
     from models.config import ConfigError, load_experiment
     from runtime.commands.simulate import trace_progress, warn_failures
-    from runtime.flags import check_policies
+    from runtime.flags import check_policies, split_policies
     from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.outputs import check_plot
     from runtime.sim.run import TraceFlags, run_hours
     from runtime.sim.run import simulate as run_sim
 
     spec = load_experiment(config)
-    names = [p.strip() for p in policies.split(",") if p.strip()]
+    names = split_policies(policies)
     if not names:
         raise ConfigError("pearl compare", "--policies", policies, "a comma-separated list of policy names")
     check_policies(names, spec, "--policies", "compare")

@@ -52,7 +52,7 @@ def failed_cell(r: SimResult) -> str:
 @user_errors
 def simulate(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML"),
-    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | rlboost+pd | fixed:<mode>:<c>:<p>:<d>[:<borrow>]"),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="pearl | pearl-no-borrow | pearl-fixed-pd | pearl-no-gate | roll | rlboost+ | rlboost+pd | fixed:<mode>:<c>:<p>:<d>[:<borrow>] | on a mixed cluster fixed:<type>=<n><C|P|D>@TP<d>[+...],..."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="availability trace for the elastic pool (overrides the config's)"),
     trace_offset_hours: Optional[float] = offset_option("start this many hours into the trace"),
     hours: Optional[float] = hours_option("simulated hours (default: the config's trace hours, else 2)"),

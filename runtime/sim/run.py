@@ -6,8 +6,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from models.builder import ExperimentModels, build_models
+from models.builder import ExperimentModels, build_models, is_mixed
 from models.config import ConfigError, ExperimentSpec
+from planner.inputs import memory_model
+from runtime.sim.held_mixed import TYPED_FORM, HeldTypedLayout, parse_typed, typed_layout_problem
 from runtime.sim.layout import FIXED_FORM, FixedLayout, SimPolicy, fixed_layout_problem, parse_fixed
 from runtime.sim.metrics import SimResult
 from runtime.sim.simulator import Simulator
@@ -22,15 +24,36 @@ class TraceFlags:
     hours: float | None = None
 
 
+def fixed_problem(name: str, spec: ExperimentSpec, fits_memory: Callable[[str, int], bool] | None = None) -> str | None:
+    """What a `fixed:` policy name asks that this config's cluster cannot run, or the form it
+    must take (None: it can run it). A mixed cluster takes a layout per GPU type
+    (runtime/sim/held_mixed.py); one type at one degree per role takes instance counts."""
+    if is_mixed(spec):
+        typed = parse_typed(name)
+        if typed is None:
+            return f"on a mixed cluster (several GPU types or TP degrees), a layout per GPU type: {TYPED_FORM}"
+        return typed_layout_problem(typed, spec.cluster, fits_memory)
+    layout = parse_fixed(name)
+    return FIXED_FORM if layout is None else fixed_layout_problem(layout, spec.cluster)
+
+
+def fixed_form(spec: ExperimentSpec) -> str:
+    """The `fixed:` form this config's cluster takes."""
+    return TYPED_FORM if is_mixed(spec) else FIXED_FORM
+
+
 def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -> SimPolicy:
-    """A planner policy by name, or `fixed:<mode>:<c>:<p>:<d>[:<borrow>]` (instance counts) for replays."""
+    """A planner policy by name, or a `fixed:` layout held throughout (replays, layout studies):
+    instance counts `fixed:<mode>:<c>:<p>:<d>[:<borrow>]`, or per GPU type on a mixed cluster."""
     if name.startswith("fixed:"):
-        layout = parse_fixed(name)
-        problem = FIXED_FORM if layout is None else fixed_layout_problem(layout, models.spec.cluster)
-        if layout is None or problem is not None:
+        problem = fixed_problem(name, models.spec, memory_model(models.spec).fits)
+        if problem is not None:
             raise ConfigError(source, "policy", name, problem)
+        typed = parse_typed(name)
+        if typed is not None:
+            return HeldTypedLayout(typed, models, name=name)
         tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
-        return FixedLayout(layout, tp, name=name)
+        return FixedLayout(parse_fixed(name), tp, name=name)  # type: ignore[arg-type]
     try:
         from planner import policies as _p
 
@@ -38,7 +61,7 @@ def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -
     except ImportError:
         known = POLICIES
     if name not in known:
-        raise ConfigError(source, "policy", name, f"one of {list(known)} or {FIXED_FORM}")
+        raise ConfigError(source, "policy", name, f"one of {list(known)} or {fixed_form(models.spec)}")
     from runtime.sim.planner_adapter import PlannerPolicy
 
     return PlannerPolicy(name, models)

@@ -127,7 +127,9 @@ def _check_policy(spec: ExperimentSpec, name: str, planner_only: bool) -> None:
 
     if planner_only or not name.startswith("fixed:"):
         if name not in POLICIES:
-            extra = "" if planner_only else " or fixed:<mode>:<c>:<p>:<d>[:<borrow>]"
+            from runtime.sim.run import fixed_form
+
+            extra = "" if planner_only else f" or {fixed_form(spec)}"
             raise ConfigError("--policy", "policy", name, f"one of {sorted(POLICIES)}{extra}")
         return
     from models.builder import build_models
