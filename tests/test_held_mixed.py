@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from cli_cases import invoke, strict_loads
@@ -65,7 +67,8 @@ def test_a_held_layout_comes_back_with_its_gpus() -> None:
     full = make_policy("fixed:H800=4P@TP1,H20=3D@TP4", build_models(spec.model_copy(update={"elastic_traces": None})))
     Simulator(full.models, full, None, hours=0.01, seed=0).run()
     by_count = {n: i["predicted_s"] for n, i in zip(h20, log) if n}
-    assert by_count[3] == round(full.predicted_s, 2) and sorted(by_count, reverse=True) == sorted(by_count, key=by_count.get), by_count
+    assert by_count[3] == round(full.batch_s, 2) and sorted(by_count, reverse=True) == sorted(by_count, key=by_count.get), by_count
+    assert all(math.isnan(i["predicted_s"]) for n, i in zip(h20, log) if not n)  # no decode instance: no prediction
 
 
 def test_compare_reports_a_typed_layout_beside_a_baseline() -> None:

@@ -88,7 +88,7 @@ def test_the_router_follows_the_decisions_shares_on_mixed_kinds() -> None:
     a100_decode = [i for i in sim.instances.values() if i.role == "decode" and sim.nodes[i.nid].gpu == "A100" and i.engine is not None]
     assert len(a100_decode) == 4 and all(i.engine.stats.decode_tokens == 0 for i in a100_decode)
     assert with_idle.batch_times_s == runs["without"][0].batch_times_s and len(with_idle.batch_times_s) >= 2
-    assert max(with_idle.batch_times_s[1:]) <= 1.05 * pol.predicted_s, (with_idle.batch_times_s, pol.predicted_s)
+    assert max(with_idle.batch_times_s[1:]) <= 1.05 * pol.batch_s, (with_idle.batch_times_s, pol.batch_s)
 
 
 def test_predict_on_a_mixed_cluster_reports_each_type_alone() -> None:

@@ -114,7 +114,8 @@ class HeldTypedLayout:
     layout: TypedLayout
     models: ExperimentModels
     name: str = "fixed"
-    predicted_s: float = math.nan
+    predicted_s: float = math.nan  # before its first decision: none (SimPolicy)
+    batch_s: float = math.nan  # a fresh batch's predicted completion with what runs (`Decision.predicted_completion_s`)
     shares: tuple[tuple[str, str, int, float], ...] = ()  # the last decision's (`Decision.shares`): how the router splits the load
     _inputs: PlanningInputs = field(init=False, repr=False)
 
@@ -125,11 +126,10 @@ class HeldTypedLayout:
         problem = mixed.build_mixed_problem(state, self._inputs, now, Options(allow_borrow=False), prune=False)
         x = place_typed(problem, self.layout.want())
         d = mixed_decision_from(problem, x, SolverProof("evaluated", 0.0, 0.0, 0.0, 0.0, "none"))
-        if mixed.batch_completion_ms(problem, x) is not None:  # a layout missing a role (GPUs gone) keeps the last prediction
-            self.predicted_s = d.timeline_s
-        self.shares = d.shares
-        info = {"ratio": d.ratio, "applied": True, "predicted_s": round(self.predicted_s, 2), "layout_by_type": d.layout_by_type()}
-        return PolicyStep(build_plan(state, d, self._inputs, now), d.mode, self.predicted_s, info, d.shares)
+        priced = mixed.batch_completion_ms(problem, x) is not None  # a layout missing a role (GPUs gone) has no prediction
+        self.batch_s, self.shares = (d.predicted_completion_s if priced else math.nan), d.shares
+        info = {"ratio": d.ratio, "applied": True, "predicted_s": round(self.batch_s, 2), "layout_by_type": d.layout_by_type()}
+        return PolicyStep(build_plan(state, d, self._inputs, now), d.mode, d.timeline_s if priced else math.nan, info, d.shares)
 
 
 def place_typed(problem: mixed.MixedProblem, want: dict[Kind, int]) -> tuple[tuple[int, ...], ...]:
