@@ -384,3 +384,10 @@ def test_type_speeds_time_scale_range_is_runtime_time_scales(scale: str) -> None
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == (f"type_speeds: --time-scale {float(scale):g}; allowed: a finite number greater than or equal to 0.001 "
                                    "and less than or equal to 1000000 (runtime.time_scale's range)")
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), [("--hours", "0.5", "allowed: 1.5 to 24"), ("--seeds", "0,x", "comma-separated whole numbers")])
+def test_mixed_degrees_refuses_a_bad_flag_in_one_line(flag: str, value: str, allowed: str) -> None:
+    proc = subprocess.run([sys.executable, "experiments/mixed_degrees.py", flag, value], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith(f"mixed_degrees.py: error: argument {flag}: got") and allowed in last, proc.stderr
