@@ -153,9 +153,12 @@ def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: En
     The rollout type keeps the experiment's profiles (`profile`, `pd`: already scaled); every
     other type reads its own (`<type>-<model>.json`, measured or datasheet-derived as its label
     says; load_experiment checked that it exists), scaled by `speed_of(type)`. A decode
-    instance's path charges the unloaded prefill and the KV send of a prefill instance of its
-    own type and degree, so each role's table depends on its own kind alone and the program
-    stays separable (a mixed P/D pair is priced as if alike)."""
+    instance's path charges its trajectory's unloaded prefill and KV send on the rollout type's
+    prefill instance at its smallest degree (`home`'s), whatever the decode kind: each role's
+    table then depends on its own kind alone and the program stays separable. Charged on the
+    decode kind's own type and degree instead, an H20 TP1 decode path paid 244 s of prefill over
+    45 turns where the H800 TP1 instances that prefill took 38 s, and held H20 decode layouts
+    were predicted 9.8-16.6% over the simulator (experiments/mixed_degrees.py)."""
     gpu = rollout_gpu_type(spec)
     tp = spec.cluster.tp
     degrees = sorted(set(tp.colocated) | set(tp.prefill) | set(tp.decode))
@@ -170,7 +173,8 @@ def variant_predictors(spec: ExperimentSpec, home: RolloutPredictor, profile: En
         for t in degrees:
             step = StepLatencyModel(spec.model, spec.gpu(typ), t, col)
             pd_step = StepLatencyModel(spec.model, spec.gpu(typ), t, dis)
-            out.append((typ, t, RolloutPredictor(home.shape, step, pd_step, pd_step, spec.cluster.inter_node_gb_s * t, wait_tail=home.wait_tail)))
+            out.append((typ, t, RolloutPredictor(home.shape, step, pd_step, pd_step, spec.cluster.inter_node_gb_s * t, wait_tail=home.wait_tail,
+                                                 decode_prefill=(home.prefill_engine, home.kv_link_gb_s))))
     return tuple(out), tuple(labels)
 
 

@@ -257,6 +257,10 @@ class RolloutPredictor:
     # predict the batch's last finisher under varying tool waits (models/wait_tail.py), not the
     # trajectory with the most turns at the mean wait: `predictor.wait_tail` in an experiment
     wait_tail: bool = False
+    # (engine, KV link GB/s) on which a decode path prices its trajectory's own unloaded prefill
+    # and KV send: a mixed cluster's per-kind decode tables take the rollout type's prefill
+    # instance, not one of their own type (None: this predictor's prefill engine and link)
+    decode_prefill: tuple[StepLatencyModel, float] | None = None
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def colocated_engine_for(self, n: int) -> StepLatencyModel:
@@ -290,18 +294,30 @@ class RolloutPredictor:
         return a + b * c + w * arch.experts_touched(engine.llm, c)
 
     def _single_pd_prefill(self) -> np.ndarray:
-        """A trajectory's own prefill per turn on an unloaded prefill instance (the decode path's part)."""
+        """A trajectory's own prefill per turn on an unloaded prefill instance of this predictor's
+        (the prefill queue's service time; the decode path's part unless `decode_prefill`)."""
         if "p1" not in self._cache:
             new, prefix = self.shape.prefill_engine_tokens()
             self._cache["p1"] = self.prefill_engine.prefill_work(new, 1.0, prefix)
         return self._cache["p1"]
 
-    def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel) -> np.ndarray:
-        """KV over the link; zero where the profile measured the handoff itself (P/D profiles:
-        the prefill steps include the connector's store, the decode side's takeover its load)."""
+    def _decode_own_prefill(self) -> tuple[np.ndarray, StepLatencyModel, float]:
+        """The decode path's prefill part per turn (unloaded), and the engine and link it and the KV send are priced on."""
+        if self.decode_prefill is None:
+            return self._single_pd_prefill(), self.prefill_engine, self.kv_link_gb_s
+        engine, link = self.decode_prefill
+        if "p1-decode" not in self._cache:
+            new, prefix = self.shape.prefill_engine_tokens()
+            self._cache["p1-decode"] = engine.prefill_work(new, 1.0, prefix)
+        return self._cache["p1-decode"], engine, link
+
+    def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel, link_gb_s: float | None = None) -> np.ndarray:
+        """KV over the link (this predictor's prefill instance's unless `link_gb_s`); zero where the
+        profile measured the handoff itself (P/D profiles: the prefill steps include the
+        connector's store, the decode side's takeover its load)."""
         if self.decode_engine.profile.kv_handoff is not None:
             return np.zeros_like(np.asarray(tokens, dtype=float))
-        return tokens * arch.kv_bytes_per_token(engine.llm) / (self.kv_link_gb_s * 1e9)
+        return tokens * arch.kv_bytes_per_token(engine.llm) / ((link_gb_s or self.kv_link_gb_s) * 1e9)
 
     # -- the fixed point, vectorised over candidates (rows) and turns (columns)
     def _arrival_window(self, engine: StepLatencyModel) -> np.ndarray:
@@ -446,12 +462,13 @@ class RolloutPredictor:
         n = np.asarray(n_d, dtype=float)[:, None]
         new_p, prefix_p = s.prefill_engine_tokens()
         handoff = eng.profile.kv_handoff
+        own, p_engine, link = self._decode_own_prefill()
 
         def turns(active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             m = np.maximum(active / n, 1.0)
             # a context the decode instance evicted crosses the link again with the new tokens
             sent, _ = self._pressured(eng, m, new_p, prefix_p, s.context_tokens())
-            fixed = s.env_s + self._single_pd_prefill()[None, :] + self._kv_send_s(sent, self.prefill_engine) + eng.profile.outside_engine_s(m)
+            fixed = s.env_s + own[None, :] + self._kv_send_s(sent, p_engine, link) + eng.profile.outside_engine_s(m)
             if handoff is None:
                 return self._turn_times(eng, m, np.zeros_like(m), fixed, interfere=False)
             # Measured takeover: admitting a turn's requests (loading their KV) is engine work that
