@@ -11,7 +11,7 @@ tie names both; the worse one counts) and the simulated regret of that pick. The
 each run's first (which starts cold) are pooled over seeds. Writes results/mixed_degrees.json
 and prints a table.
 
-    python experiments/mixed_degrees.py [--hours 3] [--seeds 0,1]
+    python experiments/mixed_degrees.py [--hours 3] [--seeds 0,1] [--wait-tail]
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs/experiments/mixed-elastic.yaml")
     ap.add_argument("--hours", type=float, default=3.0, help="simulated hours per layout and seed")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--out", type=Path, default=ROOT / "results/mixed_degrees.json")
+    ap.add_argument("--wait-tail", action="store_true", help="predict (and so route) with `predictor.wait_tail: true`")
+    ap.add_argument("--out", type=Path, default=None, help="default results/mixed_degrees.json (with --wait-tail: mixed_degrees_wait_tail.json)")
     args = ap.parse_args()
+    args.out = args.out or ROOT / ("results/mixed_degrees_wait_tail.json" if args.wait_tail else "results/mixed_degrees.json")
     if not 1.5 <= args.hours <= 24:
         ap.error(f"argument --hours: got {args.hours:g}; allowed: 1.5 to 24 (a run needs batches after its first; one takes 1,000-1,500 s)")
     try:
@@ -68,6 +70,7 @@ def main() -> None:
     except ValueError:
         ap.error(f"argument --seeds: got {args.seeds!r}; allowed: comma-separated whole numbers")
     spec = load_experiment(args.config).model_copy(update={"elastic_traces": None})  # every spot GPU up
+    spec = spec.model_copy(update={"predictor": spec.predictor.model_copy(update={"wait_tail": args.wait_tail or spec.predictor.wait_tail})})
     for _, template, role in SETS:
         for n, tp in DEGREES.items():
             name = template.format(x=f"{n}{role}@{tp}")
@@ -86,11 +89,12 @@ def main() -> None:
     wall = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
-                                    "hours": args.hours, "seeds": seeds, "wall_s": round(wall, 1), "sets": sets}, indent=1))
+                                    "hours": args.hours, "seeds": seeds, "wait_tail": spec.predictor.wait_tail, "wall_s": round(wall, 1), "sets": sets}, indent=1))
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"held mixed layouts on {args.config.name}, every spot GPU up: batch s, {args.hours:g} simulated h x {len(seeds)} seeds")
+    tail = ", predictor.wait_tail" if spec.predictor.wait_tail else ""
+    t = Table(title=f"held mixed layouts on {args.config.name}, every spot GPU up{tail}: batch s, {args.hours:g} simulated h x {len(seeds)} seeds")
     for c in ("varies", "degree", "layout", "predicted", "simulated", "error", "batches", "pick (regret)"):
         t.add_column(c, justify="right")
     for s in sets:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models.builder import ExperimentModels
@@ -72,7 +73,7 @@ def parse_typed(name: str) -> TypedLayout | None:
     return TypedLayout(tuple(sorted(counts.items()))) if counts else None
 
 
-def typed_layout_problem(layout: TypedLayout, cluster: ClusterSpec, fits_memory=None) -> str | None:
+def typed_layout_problem(layout: TypedLayout, cluster: ClusterSpec, fits_memory: Callable[[str, int], bool] | None = None) -> str | None:
     """What the cluster cannot run of `layout` (None: it can): its types on rollout or elastic
     nodes, degrees the config allows for the role, one mode, and instances that pack into
     whole nodes of their type (an instance never spans nodes). `fits_memory(type, tp)`:
