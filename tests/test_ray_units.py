@@ -323,14 +323,18 @@ def test_a_switch_the_executor_began_is_draining_in_the_next_decisions_view_befo
     assert after == [(before[0][0], "colocated", True)], after  # held while it drains: not switched again
 
 
-def test_request_times_tell_a_slowed_gpu_type_apart():
+@pytest.mark.parametrize("split", [False, True], ids=["colocated", "prefill-H800-decode-H20"])
+def test_request_times_tell_a_slowed_gpu_type_apart(split: bool):
     """Per-type speeds from requests (`TypeTimes`): emulated engines whose H20 runs twice as slow
     as its profile (`runtime.emulated_slowdown`), H800 as profiled, each serving the same
     concurrent requests. The engines' measured / predicted busy seconds (each request priced at
     the mean concurrency it met, `SlotRuntime.add_load`) is twice as large on the H20, and the
     tracker's per-type speeds learn that ratio from these rows. Per request instead (each
     request's own latency against its model) the H20 read 3.4 and the H800 1.7 with no slowdown
-    at all: a latency also holds the other requests' prefills, heavier on a type with less compute."""
+    at all: a latency also holds the other requests' prefills, heavier on a type with less compute.
+    `split`: the types split the roles, H800 prefill-only requests and H20 decode ones, as the
+    planner lays out a mixed P/D batch; prefill-only requests were once not counted, and such a
+    layout learned nothing."""
     import time
 
     from models.builder import build_models
@@ -347,12 +351,14 @@ def test_request_times_tell_a_slowed_gpu_type_apart():
     scale, n, prompt, new = 2.0, 24, 1500, 64  # a slow clock: a wall-clock hiccup (a GC pass) weighs little
     w = RolloutWorker("emulated", None, EmulatedSettings(truth.predictor.colocated_engine, time_scale=scale, engine_start_s=0.0, engines=truth.engines()))
     kinds = {0: ("H800", 4), 1: ("H20", 4)}
+    roles = {0: "prefill", 1: "decode"} if split else {0: "colocated", 1: "colocated"}
+    phase = {"colocated": "full", "prefill": "prefill", "decode": "decode"}
     slots = {i: SlotRuntime(Slot(f"g{i}", i, "rollout", "r", "")) for i in kinds}
     times = TypeTimes(build_models(spec).engines(), lambda r: kinds[r.slot.index], scale)
 
     async def one(i: int, k: int) -> None:
         r = slots[i]
-        req = GenRequest(f"r{i}-{k}", tuple(range(5 + k, 5 + k + prompt)), new, "full", 1.0)
+        req = GenRequest(f"r{i}-{k}", tuple(range(5 + k, 5 + k + prompt)), new, phase[roles[i]], 1.0)
         sent = time.monotonic()
         area = r.add_load(1, sent)
         res = await w.generate(i, req)
@@ -362,8 +368,8 @@ def test_request_times_tell_a_slowed_gpu_type_apart():
 
     async def run() -> None:
         for i, kind in kinds.items():
-            assert (await w.start_slot(i, "colocated", kind))["ok"]
-            await w.generate(i, GenRequest(f"warm{i}", (1, 2, 3), 2, "full", 1.0))  # the first step's one-off costs, amplified by the time scale
+            assert (await w.start_slot(i, roles[i], kind))["ok"]
+            await w.generate(i, GenRequest(f"warm{i}", (1, 2, 3), 2, phase[roles[i]], 1.0))  # the first step's one-off costs, amplified by the time scale
         times.reset(slots.values())
         await asyncio.gather(*(one(i, k) for i in kinds for k in range(n)))
         await w.shutdown()

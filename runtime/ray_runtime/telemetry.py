@@ -81,12 +81,18 @@ MIN_TYPE_REQUESTS = 16  # a type's generating requests in a batch before its eng
 
 def request_engine_s(engine: StepLatencyModel, phase: str, prompt: np.ndarray | float, cached: np.ndarray | float, generated: np.ndarray | float,
                      concurrency: np.ndarray | float) -> np.ndarray:
-    """The engine time generating requests cost by their step model (arrays: one per request):
-    a colocated request's prefill of its uncached prompt, and each request's share of one
-    decode step per token among the `concurrency` sequences it met (a step serves them all).
+    """The engine time requests cost by their step model (arrays: one per request): a colocated
+    request's prefill of its uncached prompt, and each request's share of one decode step per
+    token among the `concurrency` sequences it met (a step serves them all); a prefill-only
+    request (`phase` "prefill") its share of the prefill backlog of `concurrency` such requests,
+    as the engine runs it in steps (`StepLatencyModel.prefill_work`: the per-step terms shared).
     Summed over an engine's requests this is the engine's busy time the model predicts: prefill
     and decode weigh as they do on that type, whatever order the requests came in."""
     b = np.maximum(np.asarray(concurrency, dtype=float), 1.0)
+    if phase == "prefill":
+        cached = np.asarray(cached, dtype=float)
+        new = np.maximum(np.asarray(prompt, dtype=float) - cached, 1.0)
+        return engine.prefill_work(b * new, b, b * cached) / b
     n = np.asarray(generated, dtype=float)
     out = n * engine.decode_time(b, np.asarray(prompt, dtype=float) + n / 2) / b
     if phase == "full":
@@ -99,7 +105,9 @@ def request_engine_s(engine: StepLatencyModel, phase: str, prompt: np.ndarray | 
 class TypeTimes:
     """One batch per GPU type: its engines' busy time as measured (virtual seconds with a request
     in flight, `SlotRuntime.busy_s`) and as the planner's step models predict it from the
-    generating requests they served (`request_engine_s`, priced once per batch).
+    requests they served (`request_engine_s`, priced once per batch): colocated and decode
+    requests, and prefill-only ones, so that a P/D layout whose types split the roles (prefill
+    on H800, decode on H20) still compares its types.
 
     Why: a mixed cluster's types are profiled apart (some datasheet-derived); one batch time
     cannot tell which type is off, but every request names its engine's type. The tracker
@@ -119,10 +127,10 @@ class TypeTimes:
         self.busy_at = {id(s): s.busy_s for s in slots}
 
     def add(self, slot: Any, phase: str, prompt: int, cached: int, generated: int, concurrency: float) -> None:
-        """One finished request on `slot` (prefill-only and short requests say too little: skipped)."""
-        if phase not in ("full", "decode") or generated < 8:
+        """One finished request on `slot` (generating ones of fewer than 8 tokens say too little: skipped)."""
+        if phase not in ("full", "decode", "prefill") or (phase != "prefill" and generated < 8):
             return
-        key = ("colocated" if phase == "full" else "decode", *self.kind_of(slot))
+        key = ({"full": "colocated"}.get(phase, phase), *self.kind_of(slot))
         if key not in self.engines:
             return
         self.requests.setdefault(key, []).append((prompt, cached, generated, concurrency))
@@ -139,7 +147,7 @@ class TypeTimes:
             prompt, cached, generated, concurrency = np.array(reqs, dtype=float).T
             row = predicted.setdefault(typ, [0, 0.0])
             row[0] += len(reqs)
-            row[1] += float(request_engine_s(self.engines[(role, typ, tp)], "full" if role == "colocated" else "decode", prompt, cached, generated, concurrency).sum())
+            row[1] += float(request_engine_s(self.engines[(role, typ, tp)], {"colocated": "full"}.get(role, role), prompt, cached, generated, concurrency).sum())
         return tuple((typ, int(n), round(busy.get(typ, 0.0), 4), round(p, 4)) for typ, (n, p) in sorted(predicted.items()))
 
 
