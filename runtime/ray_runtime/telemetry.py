@@ -76,7 +76,7 @@ def disruption(resumed_turns: int, starved: bool) -> str:
     return "; ".join(why)
 
 
-MIN_TYPE_REQUESTS = 16  # a type's generating requests in a batch before its engine seconds say anything
+MIN_TYPE_REQUESTS = 16  # a type's counted requests (colocated, decode or prefill-only) in a batch before its engine seconds say anything
 
 
 def request_engine_s(engine: StepLatencyModel, phase: str, prompt: np.ndarray | float, cached: np.ndarray | float, generated: np.ndarray | float,
