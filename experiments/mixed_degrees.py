@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
+from experiments.wait_tail import int_list  # noqa: E402
 from models.config import load_experiment  # noqa: E402
+from planner.inputs import memory_model  # noqa: E402
 from runtime.sim.run import fixed_problem, make_policy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
 
@@ -58,23 +60,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=ROOT / "configs/experiments/mixed-elastic.yaml")
     ap.add_argument("--hours", type=float, default=3.0, help="simulated hours per layout and seed")
-    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--seeds", type=int_list(0), default=[0, 1], help="simulator seeds, comma-separated")
     ap.add_argument("--wait-tail", action="store_true", help="predict (and so route) with `predictor.wait_tail: true`")
     ap.add_argument("--out", type=Path, default=None, help="default results/mixed_degrees.json (with --wait-tail: mixed_degrees_wait_tail.json)")
     args = ap.parse_args()
     args.out = args.out or ROOT / ("results/mixed_degrees_wait_tail.json" if args.wait_tail else "results/mixed_degrees.json")
     if not 1.5 <= args.hours <= 24:
         ap.error(f"argument --hours: got {args.hours:g}; allowed: 1.5 to 24 (a run needs batches after its first; one takes 1,000-1,500 s)")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        ap.error(f"argument --seeds: got {args.seeds!r}; allowed: comma-separated whole numbers")
+    seeds = args.seeds
     spec = load_experiment(args.config).model_copy(update={"elastic_traces": None})  # every spot GPU up
     spec = spec.model_copy(update={"predictor": spec.predictor.model_copy(update={"wait_tail": args.wait_tail or spec.predictor.wait_tail})})
     for _, template, role in SETS:
         for n, tp in DEGREES.items():
             name = template.format(x=f"{n}{role}@{tp}")
-            if (problem := fixed_problem(name, spec)) is not None:
+            if (problem := fixed_problem(name, spec, memory_model(spec).fits)) is not None:
                 ap.error(f"{args.config}: the held layout {name} does not fit: {problem}")
     models = build_models(spec)
     t0 = time.perf_counter()

@@ -293,23 +293,23 @@ class RolloutPredictor:
         a, b, _, w = self._decode_affine(engine)
         return a + b * c + w * arch.experts_touched(engine.llm, c)
 
-    def _single_pd_prefill(self) -> np.ndarray:
-        """A trajectory's own prefill per turn on an unloaded prefill instance of this predictor's
-        (the prefill queue's service time; the decode path's part unless `decode_prefill`)."""
-        if "p1" not in self._cache:
+    def _unloaded_prefill(self, engine: StepLatencyModel) -> np.ndarray:
+        """A trajectory's own prefill per turn on an unloaded prefill instance of `engine`."""
+        key = ("p1", id(engine))
+        if key not in self._cache:
             new, prefix = self.shape.prefill_engine_tokens()
-            self._cache["p1"] = self.prefill_engine.prefill_work(new, 1.0, prefix)
-        return self._cache["p1"]
+            self._cache[key] = engine.prefill_work(new, 1.0, prefix)
+        return self._cache[key]
+
+    def _single_pd_prefill(self) -> np.ndarray:
+        """On this predictor's prefill instance: the prefill queue's service time (and the decode
+        path's part unless `decode_prefill`)."""
+        return self._unloaded_prefill(self.prefill_engine)
 
     def _decode_own_prefill(self) -> tuple[np.ndarray, StepLatencyModel, float]:
         """The decode path's prefill part per turn (unloaded), and the engine and link it and the KV send are priced on."""
-        if self.decode_prefill is None:
-            return self._single_pd_prefill(), self.prefill_engine, self.kv_link_gb_s
-        engine, link = self.decode_prefill
-        if "p1-decode" not in self._cache:
-            new, prefix = self.shape.prefill_engine_tokens()
-            self._cache["p1-decode"] = engine.prefill_work(new, 1.0, prefix)
-        return self._cache["p1-decode"], engine, link
+        engine, link = self.decode_prefill or (self.prefill_engine, self.kv_link_gb_s)
+        return self._unloaded_prefill(engine), engine, link
 
     def _kv_send_s(self, tokens: np.ndarray, engine: StepLatencyModel, link_gb_s: float | None = None) -> np.ndarray:
         """KV over the link (this predictor's prefill instance's unless `link_gb_s`); zero where the

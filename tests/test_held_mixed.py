@@ -64,8 +64,9 @@ def test_a_held_layout_comes_back_with_its_gpus() -> None:
     h20 = [i["layout_by_type"].get("H20", {}).get("decode", {}).get(4, 0) for i in log]
     assert h20[0] == 0 and max(h20) == 3 and all(n <= 3 for n in h20), h20
     assert r.stops == 0 and r.starts >= 4 + 3 and r.policy_failures == 0
-    full = make_policy("fixed:H800=4P@TP1,H20=3D@TP4", build_models(spec.model_copy(update={"elastic_traces": None})))
-    Simulator(full.models, full, None, hours=0.01, seed=0).run()
+    all_up = build_models(spec.model_copy(update={"elastic_traces": None}))
+    full = make_policy("fixed:H800=4P@TP1,H20=3D@TP4", all_up)
+    Simulator(all_up, full, None, hours=0.01, seed=0).run()
     by_count = {n: i["predicted_s"] for n, i in zip(h20, log) if n}
     assert by_count[3] == round(full.batch_s, 2) and sorted(by_count, reverse=True) == sorted(by_count, key=by_count.get), by_count
     assert all(math.isnan(i["predicted_s"]) for n, i in zip(h20, log) if not n)  # no decode instance: no prediction

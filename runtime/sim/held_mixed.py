@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from models.builder import ExperimentModels
 from models.config import ClusterSpec
 from planner import mixed
 from planner.decision import SolverProof
-from planner.inputs import PlanningInputs, planning_inputs
+from planner.inputs import PlanningInputs
 from planner.milp import Options
 from planner.solve import mixed_decision_from
 from planner.state import ROLES, ClusterState
@@ -113,24 +112,20 @@ class HeldTypedLayout:
     (reserved rollout nodes first); while GPUs are missing it holds what fits."""
 
     layout: TypedLayout
-    models: ExperimentModels
     name: str = "fixed"
     predicted_s: float = math.nan  # before its first decision: none (SimPolicy)
     batch_s: float = math.nan  # a fresh batch's predicted completion with what runs (`Decision.predicted_completion_s`)
     shares: tuple[tuple[str, str, int, float], ...] = ()  # the last decision's (`Decision.shares`): how the router splits the load
-    _inputs: PlanningInputs = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._inputs = planning_inputs(self.models, sum(g.count * g.gpus_per_node for g in self.models.spec.cluster.nodes))
 
     def decide(self, state: ClusterState, inputs: PlanningInputs, now: float, event: str) -> PolicyStep:
-        problem = mixed.build_mixed_problem(state, self._inputs, now, Options(allow_borrow=False), prune=False)
+        """Priced on the simulator's tables (`inputs`, as `FixedLayout` plans): the same models a planner policy tabulates."""
+        problem = mixed.build_mixed_problem(state, inputs, now, Options(allow_borrow=False), prune=False)
         x = place_typed(problem, self.layout.want())
         d = mixed_decision_from(problem, x, SolverProof("evaluated", 0.0, 0.0, 0.0, 0.0, "none"))
         priced = mixed.batch_completion_ms(problem, x) is not None  # a layout missing a role (GPUs gone) has no prediction
         self.batch_s, self.shares = (d.predicted_completion_s if priced else math.nan), d.shares
         info = {"ratio": d.ratio, "applied": True, "predicted_s": round(self.batch_s, 2), "layout_by_type": d.layout_by_type()}
-        return PolicyStep(build_plan(state, d, self._inputs, now), d.mode, d.timeline_s if priced else math.nan, info, d.shares)
+        return PolicyStep(build_plan(state, d, inputs, now), d.mode, d.timeline_s if priced else math.nan, info, d.shares)
 
 
 def place_typed(problem: mixed.MixedProblem, want: dict[Kind, int]) -> tuple[tuple[int, ...], ...]:

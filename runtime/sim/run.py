@@ -51,7 +51,7 @@ def make_policy(name: str, models: ExperimentModels, source: str = "--policy") -
             raise ConfigError(source, "policy", name, problem)
         typed = parse_typed(name)
         if typed is not None:
-            return HeldTypedLayout(typed, models, name=name)
+            return HeldTypedLayout(typed, name=name)
         tp = {"colocated": models.tp_colocated, "prefill": models.tp_prefill, "decode": models.tp_decode}
         return FixedLayout(parse_fixed(name), tp, name=name)  # type: ignore[arg-type]
     try:
