@@ -54,9 +54,11 @@ EOF
 }
 
 stop_pid() {  # stop_pid PIDFILE: the node's whole process group (ray start --block and its raylet)
+  # `ray start --block` outlives a TERM by more than 10 s (measured 2026-12-05, with or without
+  # a live head), so waiting long only delays the KILL that follows: 2 s of grace, then KILL
   local pid; pid=$(cat "$1")
   kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  for _ in $(seq 1 4); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   kill -KILL -- "-$pid" 2>/dev/null || true
   rm -f "$1"
 }
