@@ -48,7 +48,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
-from planner.mixed import KindTable, MixedProblem, add_group, completion_ms, evaluate_mixed, seed_layouts
+from planner.mixed import KindTable, MixedProblem, add_group, completion_ms, evaluate_mixed, first_true, seed_layouts
 
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
@@ -126,21 +126,27 @@ def _suffix_k(kt: KindTable, of: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.where(i < kt.k.size, kt.k[np.minimum(i, kt.k.size - 1)], 0)
 
 
-def _space(p: MixedProblem, mode: str, cap: float) -> Space | None:
+def _space(p: MixedProblem, mode: str, cap: float, gp: GroupPrices | None = None) -> Space | None:
     """The mode's candidates with T + sum Q below `cap` and T no lower than the serving roles'
     floor: the smallest T at which the usable GPUs, each at its best share per GPU with the
-    loosest queue, cover every role (`_coverable_along`); None when there is none."""
+    loosest queue, cover every role (`_coverable_along`); None when there is none.
+
+    Coverage only grows with T, so the floor is found by `first_true` (a few rounds of 64 T),
+    not at every T: at 4096 GPUs the disaggregated grid has ~9k T, and where the incumbent
+    leaves none coverable (a fresh cluster's colocated seed) that took 3 ms for nothing."""
     roles = MODE_ROLES[mode]
-    ts = np.unique(np.concatenate([kt.t for r in roles for kt in p.roles[r].kinds] + [np.zeros(0, dtype=np.int64)]))
+    gp = gp or GroupPrices.of(p)
     qs = [np.unique(np.concatenate([kt.q for kt in p.roles[r].kinds] + [np.zeros(1, dtype=np.int64)])) for r in roles]
     q_min = sum(int(q[0]) for q in qs)
-    ts = ts[ts + q_min < cap]
+    ts = np.concatenate([kt.t for r in roles for kt in p.roles[r].kinds] + [np.zeros(0, dtype=np.int64)])
+    ts = np.unique(ts[ts + q_min < cap])
     if ts.size == 0:
         return None
-    ok = _coverable_along(GroupPrices.of(p), Space.of(p, mode, roles, ts, tuple(q[-1:] for q in qs)))
-    if not ok.any():
+    loosest = tuple(q[-1:] for q in qs)
+    first = first_true(lambda at: _coverable_along(gp, Space.of(p, mode, roles, ts[at], loosest)), ts.size)
+    if first is None:
         return None
-    ts = ts[int(np.argmax(ok)):]  # coverage only grows with T: the feasible T form a suffix
+    ts = ts[first:]
     qs = [q[q + int(ts[0]) + q_min - int(q[0]) < cap] for q in qs]
     if any(q.size == 0 for q in qs):
         return None
@@ -431,20 +437,20 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     zero = tuple(tuple(0 for _ in g.slots) for g in p.groups)
-    best_x, inc = None, math.inf
-    for x in seed_layouts(p):
+    best_x, inc = p.seed if p.seed is not None else (None, math.inf)
+    for x in seed_layouts(p) if p.seed is None else ():
         v = evaluate_mixed(p, x)
         if v is not None and v < inc:
             best_x, inc = x, v
+    gp = GroupPrices.of(p)
     heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
     for mode in _modes(p):
-        sp = _space(p, mode, inc - p.constant_ms)
+        sp = _space(p, mode, inc - p.constant_ms, gp)
         if sp is not None:
             lo, hi = (0,) * (1 + len(sp.roles)), (sp.ts.size - 1, *(q.size - 1 for q in sp.qs))
             heapq.heappush(heap, (sp.value(lo) + p.constant_ms, tie, sp, lo, hi, 0.0))
             tie += 1
-    gp = GroupPrices.of(p)
     corners: dict = {}  # (mode, k-vector) -> Corner: what is known about its transition cost
     looser = {mode: Looser() for mode in _modes(p)}  # what corners needing fewer instances teach the others
     proven, cut = True, math.inf
