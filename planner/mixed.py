@@ -93,7 +93,7 @@ class KindTable:
     falling: bool = field(init=False, compare=False)  # t and q both non-increasing with k (so far every shipped table's)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "falling", bool(np.all(np.diff(self.t) <= 0) and np.all(np.diff(self.q) <= 0)))
+        object.__setattr__(self, "falling", bool((self.t[1:] <= self.t[:-1]).all() and (self.q[1:] <= self.q[:-1]).all()))
 
     @classmethod
     def of(cls, kind: Kind, entries: tuple[Entry, ...]) -> KindTable:
