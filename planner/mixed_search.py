@@ -437,11 +437,14 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     zero = tuple(tuple(0 for _ in g.slots) for g in p.groups)
-    best_x, inc = p.seed if p.seed is not None else (None, math.inf)
-    for x in seed_layouts(p) if p.seed is None else ():
-        v = evaluate_mixed(p, x)
-        if v is not None and v < inc:
-            best_x, inc = x, v
+    if p.seed is not None:  # priced by the entry pruning
+        best_x, inc = p.seed
+    else:
+        best_x, inc = None, math.inf
+        for x in seed_layouts(p):
+            v = evaluate_mixed(p, x)
+            if v is not None and v < inc:
+                best_x, inc = x, v
     gp = GroupPrices.of(p)
     heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
