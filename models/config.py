@@ -379,6 +379,10 @@ class SolverSpec(Frozen):
     # a decision is "optimal" once proven within this share of its objective: 0 proves the exact
     # optimum; 0.01 lets a 4096-GPU mixed decision stop ~8x sooner (README, "What a looser proof buys")
     relative_gap: Annotated[float, Range(0, 0.5)] = 0.0
+    # the mixed search's exact-units corner programs (the few hard ones) run on this backend, one
+    # worker; null: on `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all
+    # (README, "Mixed GPU types and TP degrees"), CBC the many easy relaxed ones 1.4x faster
+    exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
 
 
 class TraceSpec(Frozen):

@@ -136,6 +136,7 @@ class SolverSettings:
     workers: int = 8
     seed: int = 0
     relative_gap: float = 0.0  # "optimal" is proven within this share of the objective (0: exact)
+    exact_backend: str | None = "cpsat"  # the mixed search's exact-units programs (None: `backend`)
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
     costs = ActionCosts(start, c.drain_s, c.role_switch_s, c.borrow_s, c.return_s, c.engine_start_s, c.weight_load_storage_s)
     memory = memory_model(spec)
     sv = solver or spec.solver
-    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap)
+    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap, sv.exact_backend)
     degrees = spec.cluster.tp
     variants = tuple(tab(role, t, pred, typ) for typ, t, pred in models.variants for role in ("colocated", "prefill", "decode")
                      if t in getattr(degrees, role))

@@ -738,19 +738,20 @@ def mixed_linear_model(p: MixedProblem) -> LinearModel:
 
 
 def solve_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, workers: int = 8, seed: int = 0, method: str = "search",
-                gap: float = 0.0) -> Solution:
+                gap: float = 0.0, exact_backend: str | None = None) -> Solution:
     """Solve the mixed program; `Solution.x` holds per group one count per slot (`MixedGroup.slots`).
 
     method "search" (every backend's default): the exact threshold search of
     planner/mixed_search.py, its small inner programs on `backend`; "onehot": the one-hot
     program below in one solve (kept as a second, independent formulation for the tests).
-    "optimal" is proven within the relative `gap` (0: exact)."""
+    "optimal" is proven within the relative `gap` (0: exact). `exact_backend`: where the search
+    solves its exact-units programs (None: on `backend`; `SolverSettings.exact_backend`)."""
     if (bad := _contradiction(p, backend)) is not None:
         return bad
     if method == "search":
         from planner.mixed_search import search_mixed
 
-        return search_mixed(p, backend, time_limit_s, workers, seed, gap)
+        return search_mixed(p, backend, time_limit_s, workers, seed, gap, exact_backend)
     lm = mixed_linear_model(p)
     raw = solve_model(lm, backend, time_limit_s, workers, seed, gap)
     sol = read_back(lm, raw, len(p.groups))

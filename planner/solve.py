@@ -103,7 +103,8 @@ def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float,
     settings = inputs.solver
 
     def run(p: MixedProblem) -> Solution:
-        return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed, gap=settings.relative_gap)
+        return mixed.solve_mixed(p, backend, settings.time_limit_s, settings.workers, settings.seed, gap=settings.relative_gap,
+                                 exact_backend=settings.exact_backend)
 
     # nodes that run the same instances folded first (a relaxation: fewer groups, no symmetric
     # layouts to enumerate); its layout stands when it splits back onto the nodes at the price

@@ -64,6 +64,29 @@ def test_every_backend_matches_brute_force_on_mixed_instances(backend: str) -> N
     assert feasible >= 100, feasible
 
 
+def test_the_default_split_of_programs_matches_brute_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the search solves its relaxed corner programs on `solver.backend` (CBC) and
+    its exact-units ones on `solver.exact_backend` (CP-SAT, one worker): the optimum must not
+    depend on which solver proves which, and CP-SAT must really get the exact programs."""
+    from planner import mixed_search
+
+    routed: list[tuple[str, int]] = []
+    solve = mixed_search.solve_model
+
+    def spy(lm, backend, *args):
+        routed.append((backend, args[1]))
+        return solve(lm, backend, *args)
+
+    monkeypatch.setattr(mixed_search, "solve_model", spy)
+    exact_backend = SolverSettings().exact_backend
+    for i, (state, inputs, want) in enumerate(cases()):
+        problem = build_mixed_problem(state, inputs, 0.0)
+        sol = solve_mixed(problem, "cbc", time_limit_s=10.0, exact_backend=exact_backend)
+        assert_matches_oracle(i, "cbc + exact on cpsat", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
+    assert exact_backend == "cpsat" and ("cpsat", 1) in routed and ("cbc", 8) in routed
+    assert {b for b, _ in routed} == {"cbc", "cpsat"}, set(routed)
+
+
 def test_threshold_search_equals_the_one_hot_program() -> None:
     """solve_mixed's default (the threshold search of planner/mixed_search.py) and the one-hot
     program (one solve, a second formulation of the same definition) agree, layout priced too."""
