@@ -13,7 +13,9 @@ Each decision runs inside `runtime.gc_pause.gc_deferred()`, as the runtimes call
 `--mixed`: three GPU types and TP in {1, 2, 4} for every role (the models of
 configs/experiments/mixed-elastic.yaml: H800 for training and reserved rollout, elastic H20
 and A100 in 4-GPU instances, each elastic type following its own seeded availability), solved
-by the mixed program (planner/mixed.py); writes results/bench_planner_mixed.json.
+by the mixed program (planner/mixed.py); writes results/bench_planner_mixed.json. Every row
+solves the search's exact-units programs on the config's `solver.exact_backend` (default
+cpsat; `meta.exact_backend`) and the rest on the row's backend.
 
 `--gap G`: `solver.relative_gap` = G, every decision proven within G of its objective rather
 than exactly (`optimal_fraction` then counts those; `meta.relative_gap` says which); writes
@@ -199,13 +201,14 @@ def main() -> None:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default,
-            "mixed": args.mixed, "relative_gap": args.gap}
+            "mixed": args.mixed, "relative_gap": args.gap, "exact_backend": spec.solver.exact_backend if args.mixed else None}
     doc = {"meta": meta, "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.console import Console
     from rich.table import Table
 
-    kind = "mixed: H800 + H20 + A100, TP 1/2/4 per role, " if args.mixed else ""
+    exact = f" (exact-units programs on {spec.solver.exact_backend}, solver.exact_backend)" if args.mixed and spec.solver.exact_backend else ""
+    kind = f"mixed: H800 + H20 + A100, TP 1/2/4 per role{exact}, " if args.mixed else ""
     within = f", proven within a relative gap of {args.gap:g}" if args.gap else ""
     t = Table(title=f"full planning step (state -> decision -> plan), {kind}pearl policy, {args.events} events per row{within}; default = {default}")
     for c in ("GPUs", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal" if not args.gap else "proven within gap", "tables ms"):

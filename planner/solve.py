@@ -37,14 +37,18 @@ def mixed_decision_from(problem: MixedProblem, x: tuple[tuple[int, ...], ...], p
     t_batch, t_paths = mixed.batch_completion_ms(problem, x), mixed.batch_paths_ms(problem, x)
     trans = sum(mixed.group_transition_ms(g, v) for g, v in zip(problem.groups, x)) + problem.constant_ms
     targets, lent, tot = [], 0, [0, 0, 0]
+    per_node: dict = {}  # (slots, a node's counts) -> its role totals, layout and GPUs: folded nodes repeat them
     for g, gx in zip(problem.groups, x):
         for node, v in mixed.split_mixed(g, gx):
             if not any(v):
                 continue
-            counts = [sum(n for (r, _), n in zip(g.slots, v) if r == role) for role in range(3)]
-            layout = tuple((ROLES[r], tp, n) for (r, tp), n in zip(g.slots, v) if n)
+            if (got := per_node.get((g.slots, v))) is None:
+                got = per_node[(g.slots, v)] = ([sum(n for (r, _), n in zip(g.slots, v) if r == role) for role in range(3)],
+                                                tuple((ROLES[r], tp, n) for (r, tp), n in zip(g.slots, v) if n),
+                                                sum(tp * n for (_, tp), n in zip(g.slots, v)))
+            counts, layout, gpus = got
             targets.append(GroupTarget(node, g.pool, g.gpu_type, *counts, layout=layout))
-            lent += sum(tp * n for (_, tp), n in zip(g.slots, v)) if g.pool == "training" else 0
+            lent += gpus if g.pool == "training" else 0
             tot = [a + b for a, b in zip(tot, counts)]
     mode = "colocated" if tot[0] > 0 else "disaggregated"
     obj = (t or 0) + trans if objective_ms is None else objective_ms
