@@ -105,13 +105,18 @@ class KindTable:
         """Per t_max: the fewest instances of an entry with t <= t_max, whatever its queue (0: none)."""
         if self.k.size == 0:
             return np.zeros(np.shape(t_max), dtype=np.int64)
-        if self.falling:  # the entries meeting t_max are a suffix, and k grows along it
-            i = np.searchsorted(-self.t, -np.asarray(t_max), side="left")
-            return np.where(i < self.k.size, self.k[np.minimum(i, self.k.size - 1)], 0)
+        if self.falling:
+            return self.fewest_meeting(self.t, t_max)
         order = np.argsort(self.t, kind="stable")
         best = np.minimum.accumulate(self.k[order])
         i = np.searchsorted(self.t[order], t_max, side="right") - 1
         return np.where(i >= 0, best[np.maximum(i, 0)], 0)
+
+    def fewest_meeting(self, of: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """For a falling kind and `of` its t or q: per value, the fewest instances of an entry with
+        `of` <= value (0: none). Those entries are a suffix, and k grows along it."""
+        i = np.searchsorted(-of, -np.asarray(values), side="left")
+        return np.where(i < self.k.size, self.k[np.minimum(i, self.k.size - 1)], 0)
 
     def keep(self, mask: np.ndarray) -> KindTable:
         return KindTable(self.kind, self.k[mask], self.t[mask], self.q[mask])
@@ -282,7 +287,7 @@ def build_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
         # folding nodes is exact when no instance is current and every TP that fits divides the
         # node (powers of two then pack node by node, largest first); nodes running the same
         # instances fold only on request (`Options.fold_running`: a relaxation, see splits_at_price)
-        fold = options.aggregate and divides(cap, slots) and (not held or not any(cu) or options.fold_running)
+        fold = options.aggregate and divides(cap, slots) and (not any(cu) or options.fold_running)
         key = (grp.pool, grp.type, cap, slots, cu, "" if fold else grp.node)
         classes.setdefault(key, []).append(grp.node)
     groups = []

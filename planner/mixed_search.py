@@ -95,7 +95,7 @@ class Space:
             kinds = []
             for kt in p.roles[r].kinds:
                 if kt.k.size and kt.falling:
-                    kinds.append((kt, _suffix_k(kt, kt.t, ts), _suffix_k(kt, kt.q, q)))
+                    kinds.append((kt, kt.fewest_meeting(kt.t, ts), kt.fewest_meeting(kt.q, q)))
                 else:
                     kinds.append((kt, None, None))
             per_role.append(tuple(kinds))
@@ -118,12 +118,6 @@ class Space:
                     row[kt.kind] = max(a, b) if a and b else 0
             out[r] = row
         return out
-
-
-def _suffix_k(kt: KindTable, of: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For a falling kind: per value, the fewest instances of an entry with `of` <= value (0: none)."""
-    i = np.searchsorted(-of, -values, side="left")
-    return np.where(i < kt.k.size, kt.k[np.minimum(i, kt.k.size - 1)], 0)
 
 
 def _space(p: MixedProblem, mode: str, cap: float, gp: GroupPrices | None = None) -> Space | None:
