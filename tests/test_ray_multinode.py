@@ -166,8 +166,8 @@ def test_a_lost_head_node_stops_the_run_with_one_clear_error(cluster, tmp_path):
     try:
         _wait_for(metrics, proc, lambda rs: any(r["record"] == "rollout_step" for r in rs), 180)
         head = Path(f"{os.environ.get('TMPDIR', '/tmp')}/pearl-local-cluster-{PORT}/rollout0-0.pid").read_text().strip()
-        # SIGKILL, as a node that crashes or is preempted: after a TERM the head's `ray start --block`
-        # and its raylet linger for seconds, and this test then took 6-66 s (2026-12-05)
+                # SIGKILL, as a node that crashes or is preempted. The test takes 6-67 s either way (TERM or
+        # KILL, 2026-12-05): the driver sometimes notices the head's end only after ~60 s
         os.killpg(int(head), signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
     finally:
