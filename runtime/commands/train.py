@@ -16,22 +16,37 @@ from runtime.flags import steps_option
 
 # Set in the child process that drives a run on a cluster: the file it writes when it ends by itself.
 DRIVER_ENDED = "PEARL_TRAIN_DRIVER_ENDED"
+# How long the head may not answer before the run is stopped: beyond a GCS restart's blip, far
+# below the 60 s that Ray's own driver waits for a lost GCS (gcs_rpc_server_reconnect_timeout_s).
+HEAD_SILENCE_S = 10.0
+HEAD_CHECK_S = 1.0
+DRIVER_STOP_GRACE_S = 5.0
 
 
 def _drive_in_child(args: list[str], address: str, metrics: Path) -> int:
     """Run the same training (the parsed options, passed again) in a child process and say how it ended.
 
-    On a cluster the driver lives only as long as the head node: when the driver's own raylet
-    (the head's) dies, Ray's core worker ends the process at once, with no Python handler run
-    (measured: exit 1 and no message, ~12 s after the head stopped). The child drives the run;
-    this process turns a child that ended without finishing into one clear error. The metrics
-    JSONL, written line by line, stays readable."""
+    On a cluster the driver lives only as long as the head node. When the driver's own raylet
+    (the head's) dies first, Ray's core worker ends the process at once, with no Python handler
+    run (exit 1, no message, 6-12 s after the head stopped); when the head's GCS goes first, the
+    driver retries it for Ray's 60 s before it ends (measured: the same test took 6-67 s). So the
+    child drives the run, and this process watches the head: when nothing has answered at the
+    address for HEAD_SILENCE_S it stops the child. Either way a child that ended without
+    finishing becomes one clear error; the metrics JSONL, written line by line, stays readable."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="pearl-train-") as d:
         ended = Path(d) / "ended"
-        proc = subprocess.run([sys.executable, "-m", "runtime.cli", "train", *args], env={**os.environ, DRIVER_ENDED: str(ended)})
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", *args], env={**os.environ, DRIVER_ENDED: str(ended)})
+        try:
+            head_lost = _head_lost_before_end(proc, address)
+        finally:  # also on Ctrl-C, which the child got too: it may end by itself first
+            _stop(proc)
+        if head_lost:  # checked first: a stopped driver may still run its own exit path and say it ended
+            print(f"pearl: error: run failed: the Ray head node at {address} is gone (nothing answered there for {HEAD_SILENCE_S:.0f} s): "
+                  f"the driver was stopped (metrics so far: {metrics})", file=sys.stderr)
+            return 1
         if ended.exists():
             return proc.returncode
     from runtime.ray_runtime.ray_nodes import answers
@@ -39,6 +54,43 @@ def _drive_in_child(args: list[str], address: str, metrics: Path) -> int:
     head = "still answers (see Ray's logs)" if answers(address) else "is gone (nothing answers there)"
     print(f"pearl: error: run failed: the driver ended without finishing (exit {proc.returncode}): the Ray head node at {address} {head} (metrics so far: {metrics})", file=sys.stderr)
     return 1
+
+
+def _head_lost_before_end(proc: Any, address: str) -> bool:
+    """Wait for the child; True when the head stopped answering for HEAD_SILENCE_S before it ended."""
+    import subprocess
+    import time
+
+    from runtime.ray_runtime.ray_nodes import answers
+
+    silent_since: float | None = None
+    while True:
+        try:
+            proc.wait(timeout=HEAD_CHECK_S)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if answers(address, timeout_s=HEAD_CHECK_S):
+            silent_since = None
+        elif silent_since is None:
+            silent_since = now
+        elif now - silent_since >= HEAD_SILENCE_S:
+            return True
+
+
+def _stop(proc: Any) -> None:
+    """End the child if it still runs: TERM, then KILL after DRIVER_STOP_GRACE_S."""
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=DRIVER_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _has_vllm() -> bool:

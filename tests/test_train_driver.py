@@ -1,0 +1,70 @@
+"""`pearl train --address` drives the run in a child and watches the head itself (runtime/commands/train.py).
+
+The driver notices a lost head by itself only sometimes at once (Ray's GCS client retries for
+60 s); the parent stops a child whose head has not answered for HEAD_SILENCE_S. Exercised on
+a stand-in child (a sleeping process): what is checked is the watch and the stop, not Ray."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runtime.commands import train
+
+
+def _sleeper(seconds: float = 60.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+def _closed_port() -> str:
+    """An address where nothing listens: a port the OS handed out and that was closed again."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train, "HEAD_SILENCE_S", 1.0)
+    monkeypatch.setattr(train, "HEAD_CHECK_S", 0.2)
+    monkeypatch.setattr(train, "DRIVER_STOP_GRACE_S", 1.0)
+
+
+def test_a_silent_head_stops_a_driver_that_does_not_end(quick: None) -> None:
+    proc = _sleeper()
+    try:
+        t0 = time.monotonic()
+        assert train._head_lost_before_end(proc, _closed_port())
+        assert time.monotonic() - t0 >= train.HEAD_SILENCE_S  # a moment of silence is not a lost head
+        assert proc.poll() is None  # the watch only says so; the stop ends it
+        train._stop(proc)
+        assert proc.returncode == -15  # TERM was enough
+    finally:
+        proc.kill()
+
+
+def test_a_head_that_answers_is_watched_until_the_driver_ends(quick: None) -> None:
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        proc = _sleeper(3 * train.HEAD_SILENCE_S)
+        try:
+            assert not train._head_lost_before_end(proc, f"127.0.0.1:{head.getsockname()[1]}")
+            assert proc.returncode == 0  # it ended by itself, after more than HEAD_SILENCE_S
+        finally:
+            proc.kill()
+
+
+def test_a_driver_that_ignores_term_is_killed(quick: None) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        train._stop(proc)
+        assert proc.returncode == -9
+    finally:
+        proc.kill()
