@@ -383,6 +383,11 @@ class SolverSpec(Frozen):
     # worker; null: on `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all
     # (README, "Mixed GPU types and TP degrees"), CBC the many easy relaxed ones 1.4x faster
     exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
+    # single-type programs whose groups are plain instance slots (one TP degree, roles priced
+    # alike) solved by pricing every table entry directly: exact, ~1 ms where the MILP takes
+    # 15-30 at 256 GPUs (planner/uniform.py). Off by default until the results this README
+    # publishes are regenerated on it: it breaks ties between equal optima differently
+    slot_pricing: bool = False
 
 
 class TraceSpec(Frozen):

@@ -137,6 +137,7 @@ class SolverSettings:
     seed: int = 0
     relative_gap: float = 0.0  # "optimal" is proven within this share of the objective (0: exact)
     exact_backend: str | None = "cpsat"  # the mixed search's exact-units programs (None: `backend`)
+    slot_pricing: bool = False  # plain-slot single-type programs priced directly (planner/uniform.py), not on `backend`
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def planning_inputs(models: ExperimentModels, max_gpus: int, weights: CostWeight
     costs = ActionCosts(start, c.drain_s, c.role_switch_s, c.borrow_s, c.return_s, c.engine_start_s, c.weight_load_storage_s)
     memory = memory_model(spec)
     sv = solver or spec.solver
-    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap, sv.exact_backend)
+    settings = SolverSettings(sv.backend, sv.time_limit_s, sv.workers, spec.seed, sv.relative_gap, sv.exact_backend, sv.slot_pricing)
     degrees = spec.cluster.tp
     variants = tuple(tab(role, t, pred, typ) for typ, t, pred in models.variants for role in ("colocated", "prefill", "decode")
                      if t in getattr(degrees, role))

@@ -11,6 +11,7 @@ from planner import mixed
 from planner.milp import Options, PlanningProblem, Solution, batch_completion_ms, batch_paths_ms, build_problem, completion_ms, diagnose, evaluate, group_transition_ms, split_to_nodes
 from planner.mixed import MixedProblem
 from planner.state import ROLES, ClusterState
+from planner.uniform import solve_slots
 
 
 def decision_from(problem: PlanningProblem, x: tuple[tuple[int, int, int], ...], proof: SolverProof, objective_ms: int | None = None) -> Decision:
@@ -93,7 +94,7 @@ def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, option
     def run(p: PlanningProblem) -> Solution:
         return solve(p, be, settings.time_limit_s, settings.workers, settings.seed, settings.relative_gap)
 
-    sol = run(problem)
+    sol = (solve_slots(problem) if settings.slot_pricing else None) or run(problem)
     if sol.status in ("optimal", "feasible"):
         return problem, sol, decision_from(problem, sol.x, proof_of(sol), sol.objective_ms)
     if sol.status == "infeasible":

@@ -106,7 +106,7 @@ FULL_EXPERIMENT: dict[str, Any] = {
     "costs": {"transition_weight": 1.0, "ratio_change_margin": 0.03, "mode_switch_margin": 0.08, "borrow_threshold_s": 0.0,
               "horizon_batches": 4.0, "background_weight": 0.1},
     "transition_costs": {"expand_prepare_s": 30.0, "engine_start_s": 20.0, "role_switch_s": 25.0},
-    "solver": {"backend": "cbc", "time_limit_s": 1.0, "workers": 2, "relative_gap": 0.0, "exact_backend": "cpsat"},
+    "solver": {"backend": "cbc", "time_limit_s": 1.0, "workers": 2, "relative_gap": 0.0, "exact_backend": "cpsat", "slot_pricing": False},
     "training": {"mfu": 0.35, "staleness": 1, "optimizer_overhead_s": 5.0},
     "trace": {"path": "data/traces/bamboo/trace--full-64-node-trace/full-64-node-trace.csv", "format": "bamboo-count",
               "gpus_per_instance": 1, "time_scale": 9.0, "max_gpus": 2, "offset_hours": 0.0, "hours": 2.0, "sample_fraction": 1.0},

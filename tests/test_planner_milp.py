@@ -12,6 +12,8 @@ from planner.backends import BACKENDS, solve
 from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
 from planner.transition import apply_plan, build_plan, plan_cost_ms
+from planner.uniform import shape as slot_shape
+from planner.uniform import solve_slots
 from planner_cases import oracle, random_inputs, random_state, work_share
 
 N_CASES = 200
@@ -67,6 +69,59 @@ def test_a_relative_gap_proves_the_layout_within_it(backend: str) -> None:
         assert sol.best_bound_ms <= want + 0.5, (i, sol.best_bound_ms, want)
         checked += 1
     assert checked >= 50, checked
+
+
+def test_slot_pricing_matches_exhaustive_enumeration() -> None:
+    """planner/uniform.py prices plain-slot programs (one TP degree, roles priced alike, no cheap
+    switch) without a solver: where it answers it equals brute force, with borrowing allowed and
+    not, gated toggle or not; it answers most one-degree cases and declines every two-degree one."""
+    answered = declined = 0
+    for i, (state, inputs) in enumerate(CASES):
+        for opts in (Options(), Options(allow_borrow=False), Options(toggle_in_objective=False), Options(modes=("disaggregated",))):
+            problem = build_problem(state, inputs, 0.0, opts)
+            sol = solve_slots(problem)
+            if len(set(problem.tp)) > 1:
+                assert sol is None and slot_shape(problem) is None, i
+                declined += 1
+                continue
+            if sol is None:  # outside the shape, or nothing fits (the MILP proves which)
+                continue
+            want = oracle(state, inputs, 0.0, opts)
+            assert sol.status == "optimal" and sol.objective_ms == want == evaluate(problem, sol.x), (i, opts, sol.objective_ms, want)
+            assert sol.best_bound_ms == sol.objective_ms and sol.backend == "slots"
+            answered += 1
+    assert answered >= 150 and declined >= 100, (answered, declined)
+
+
+def test_slot_pricing_declines_what_is_not_plain_slots() -> None:
+    """Prices per role, a switch cheaper than a stop (starting more than asked could pay) or a
+    fixed P:D split leave the program to the MILP."""
+    from dataclasses import replace as dc_replace
+
+    problem = next(p for p in (build_problem(s, i, 0.0) for s, i in CASES) if slot_shape(p) is not None and p.groups)
+    g = problem.groups[0]
+
+    def with_first(h) -> object:
+        return dc_replace(problem, groups=(h, *problem.groups[1:]))
+
+    assert slot_shape(with_first(dc_replace(g, start_ms=(g.start_ms[0], g.start_ms[0] + 1, g.start_ms[0])))) is None
+    assert slot_shape(with_first(dc_replace(g, switch_ms=(g.stop_ms[0] - 1,) * 3))) is None
+    assert slot_shape(with_first(dc_replace(g, switch_ms=(g.stop_ms[0],) * 3))) is not None  # the saving is the whole start: still plain
+    assert solve_slots(dc_replace(problem, fixed_pd=(1, 1))) is None
+
+
+def test_the_planner_step_uses_slot_pricing_unless_told_not_to() -> None:
+    from dataclasses import replace as dc_replace
+
+    used = {True: 0, False: 0}
+    for state, inputs in CASES[:100]:
+        for on in (True, False):
+            settings = dc_replace(inputs.solver, slot_pricing=on)
+            _, sol, _ = solve_step(state, dc_replace(inputs, solver=settings), 0.0, backend="cbc")
+            used[on] += sol.backend == "slots"
+            if not on:
+                assert sol.backend != "slots"
+    assert used[True] >= 15, used  # the one-degree cases whose groups are plain slots and where a layout fits
 
 
 def test_class_aggregation_is_exact() -> None:

@@ -23,6 +23,7 @@ from planner.inputs import ActionCosts, MemoryModel, PlanningInputs, RoleTable, 
 from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
 from planner.state import GPU, ClusterState, TrainerPhase
+from planner.uniform import solve_slots
 from planner_cases import allowed_pools, borrow_window_is_open, oracle, random_inputs, random_now, random_option_fields, random_state
 
 FOCUS = ("modes", "pools", "fixed_pd", "max_gpus", "borrow", "mixed")
@@ -109,6 +110,24 @@ def test_options_every_backend_matches_exhaustive_enumeration(backend: str) -> N
         _respects_options(case, problem, sol.x)
         assert evaluate(problem, sol.x) == w, where  # the solution itself, recomputed
     assert feasible >= 60 and infeasible >= 30, (feasible, infeasible)  # both kinds were exercised
+
+
+def test_options_slot_pricing_matches_exhaustive_enumeration() -> None:
+    """Where planner/uniform.py prices a program directly (one TP degree, roles priced alike) it
+    equals brute force under every option it takes (modes, pools, borrowing at the window's
+    edge) and obeys them; fixed P:D counts and GPU caps are left to the MILP."""
+    answered = {f: 0 for f in FOCUS}
+    for i, case in enumerate(CASES):
+        problem = build_problem(case.state, case.inputs, case.now_s, case.options)
+        sol = solve_slots(problem)
+        if case.options.fixed_pd is not None or case.options.max_gpus is not None:
+            assert sol is None, i
+        if sol is None:
+            continue
+        assert sol.objective_ms == want(i) == evaluate(problem, sol.x), (i, case.focus, sol.objective_ms, want(i))
+        _respects_options(case, problem, sol.x)
+        answered[case.focus] += 1
+    assert all(answered[f] >= 5 for f in ("modes", "pools", "borrow")), answered
 
 
 def test_every_option_changes_the_optimum_somewhere() -> None:

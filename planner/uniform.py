@@ -1,0 +1,203 @@
+"""The single-type program solved exactly without a solver, where its groups are plain slots.
+
+When every role has the same TP degree and a group prices every role alike (start, stop,
+switch), each group is a number of interchangeable instance slots, and a layout's transition
+price depends only on how many instances of each role it asks for:
+  - a current instance of a role that the layout keeps costs nothing (keeping one beyond the
+    count asked for is free too: extra instances may idle);
+  - the other mode's current instances are stopped (forced), and a start on a slot one of
+    them left is a switch (the program's saving, once per stop in that group);
+  - a new instance takes the cheapest free slot (a training GPU's start is priced 0 under the
+    Eq. 7 gate, a reserved one's below an elastic one's);
+  - a surplus instance of the other role is stopped only where its slot (its stop + a start
+    there, as a switch) is cheaper than the next free one.
+So the optimum is the best table entry (colocated) or entry pair (disaggregated) priced by
+prefix sums of sorted slot prices, with no search: ~1 ms where the MILP takes 15-30 ms at
+256 GPUs (the Eq. 7 gate's borrowing program). Anything else (several TP degrees, prices
+per role, a switch cheaper than a stop, fixed P:D counts, a GPU cap, a class whose GPUs do
+not divide into slots, relaxed families) returns None and the MILP (planner/backends.py)
+solves it. The result is checked against `evaluate`, the program's own pricing, before it
+is returned; tests hold it to brute force (tests/test_planner_milp.py, _oracle_options.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from planner.milp import GroupData, PlanningProblem, Solution, completion_ms, evaluate
+
+BACKEND = "slots"
+UNFIT = np.iinfo(np.int64).max // 4  # the price of an entry pair that does not fit: never chosen
+
+
+def slots(g: GroupData, tp: int) -> int | None:
+    """The class's instance slots, or None where the program's capacity is not plain slots: a
+    role-specific fit, or GPUs whose sum holds more instances than each node does (3 GPUs at TP2)."""
+    per_role = {g.ub(r, tp) for r in range(3)}
+    if len(per_role) > 1:
+        return None
+    (ub,) = per_role
+    if ub and (g.cap * g.mult) // tp != ub:
+        return None
+    if sum(g.total_cur(r) for r in range(3)) > ub:
+        return None
+    return ub
+
+
+def shape(p: PlanningProblem) -> list[int] | None:
+    """Each group's slots where the program is plain slots (see the module docstring), else None."""
+    tp = p.tp[0]
+    if p.tp != (tp, tp, tp) or p.fixed_pd is not None or p.max_gpus is not None or p.relax:
+        return None
+    out = []
+    for g in p.groups:
+        n = slots(g, tp)
+        if n is None or len(set(g.start_ms)) > 1 or len(set(g.stop_ms)) > 1 or len(set(g.switch_ms)) > 1 or p.switch_saving(g, [0, 1, 2]) > g.start_ms[0]:
+            return None
+        out.append(n)
+    return out
+
+
+def _prefix(prices: list[tuple[int, int]]) -> np.ndarray:
+    """Cumulative price of the cheapest 0, 1, 2, ... of (price, group) slots."""
+    return np.concatenate([[0], np.cumsum([c for c, _ in prices], dtype=np.int64)])
+
+
+def _entries(p: PlanningProblem, r: int) -> list[tuple[int, int, int]]:
+    k_max = p.max_instances(r)
+    return [e for e in p.entries[r] if 1 <= e[0] <= k_max]
+
+
+def solve_slots(p: PlanningProblem) -> Solution | None:
+    """The program's optimum by pricing every entry (pair), or None outside its shape."""
+    cap = shape(p)
+    if cap is None:
+        return None
+    t0 = time.perf_counter()
+    cur = [[g.total_cur(r) for r in range(3)] for g in p.groups]
+    best: tuple[int, tuple] | None = None
+    if "colocated" in p.modes:
+        best = _colocated(p, cap, cur)
+    if "disaggregated" in p.modes:
+        got = _disaggregated(p, cap, cur)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
+    if best is None:  # nothing fits: the MILP proves it and diagnoses the family
+        return None
+    x = _layout(p, cap, cur, best[1])
+    obj = evaluate(p, x)
+    if obj != best[0]:  # the shortcut's own price disagrees with the program's: let the MILP decide
+        return None
+    t = completion_ms(p, tuple(sum(v[r] for v in x) for r in range(3)))  # type: ignore[arg-type]
+    return Solution("optimal", x, t or 0, obj, float(obj), (time.perf_counter() - t0) * 1000, BACKEND)
+
+
+def _stop_ms(p: PlanningProblem, cur: list[list[int]], roles: tuple[int, ...]) -> int:
+    return sum(g.stop_ms[0] * c[r] for g, c in zip(p.groups, cur) for r in roles)
+
+
+def _free(p: PlanningProblem, cap: list[int], cur: list[list[int]], kept: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(start price, group) of every slot not held by a kept role's current instance, cheapest
+    first. A slot the other mode's stopped instance left is started as a switch (its saving off
+    the start: the program saves once per stop that a start in the same group pairs with)."""
+    out = []
+    for i, (g, c) in enumerate(zip(p.groups, cur)):
+        stopped = sum(c[r] for r in range(3) if r not in kept)
+        save = p.switch_saving(g, [0, 1, 2])
+        out += [(g.start_ms[0] - save, i)] * stopped + [(g.start_ms[0], i)] * (cap[i] - sum(c))
+    return sorted(out)
+
+
+def _held(p: PlanningProblem, cur: list[list[int]], r: int) -> list[tuple[int, int]]:
+    """(price, group) of every slot role r's current instances hold, cheapest first: its stop and
+    a start there, as a switch (the stop pairs with that start)."""
+    return sorted((g.stop_ms[0] + g.start_ms[0] - p.switch_saving(g, [0, 1, 2]), i) for i, (g, c) in enumerate(zip(p.groups, cur)) for _ in range(c[r]))
+
+
+def _colocated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> tuple[int, tuple] | None:
+    have = sum(c[0] for c in cur)
+    free = _prefix(_free(p, cap, cur, (0,)))
+    forced = _stop_ms(p, cur, (1, 2)) + p.constant_ms
+    best = None
+    for k, t, q in _entries(p, 0):
+        need = max(0, k - have)
+        if need < len(free):
+            obj = t + q + forced + int(free[need])
+            if best is None or obj < best[0]:
+                best = (obj, ("colocated", k))
+    return best
+
+
+def _disaggregated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> tuple[int, tuple] | None:
+    have = (sum(c[1] for c in cur), sum(c[2] for c in cur))
+    free = _free(p, cap, cur, (1, 2))
+    forced = _stop_ms(p, cur, (0,)) + p.constant_ms
+    pre, dec = _entries(p, 1), _entries(p, 2)
+    if not pre or not dec:
+        return None
+    kp = np.array([k for k, _, _ in pre])
+    kd = np.array([k for k, _, _ in dec])
+    # completion of every pair: the slower path and both queues
+    time_ms = np.maximum.outer(np.array([t for _, t, _ in pre]), np.array([t for _, t, _ in dec])) + np.add.outer(
+        np.array([q for _, _, q in pre]), np.array([q for _, _, q in dec]))
+    need_p, need_d = np.maximum(kp - have[0], 0), np.maximum(kd - have[1], 0)
+    cost = np.full(time_ms.shape, UNFIT, dtype=np.int64)
+    both = _prefix(free)
+    n = need_p[:, None] + need_d[None, :]
+    ok = n < len(both)
+    cost[ok] = both[n[ok]]
+    # one role asks for no new instance and may hold more than it asks: the other role may take
+    # those slots (stop + start) where they are cheaper than the free ones
+    for role, ks, need_other, axis in ((1, kp, need_d, 0), (2, kd, need_p, 1)):
+        held = _held(p, cur, role)
+        for i, surplus in enumerate(np.maximum(have[role - 1] - ks, 0)):
+            if surplus == 0:
+                continue
+            merged = _prefix(sorted(free + held[:surplus]))
+            fits = need_other < len(merged)
+            line = np.where(fits, merged[np.minimum(need_other, len(merged) - 1)], UNFIT)
+            if axis == 0:
+                cost[i, :] = line
+            else:
+                cost[:, i] = line
+    obj = time_ms + cost + forced
+    i, j = np.unravel_index(int(np.argmin(obj)), obj.shape)
+    if cost[i, j] >= UNFIT:
+        return None
+    return int(obj[i, j]), ("disaggregated", int(kp[i]), int(kd[j]))
+
+
+def _layout(p: PlanningProblem, cap: list[int], cur: list[list[int]], choice: tuple) -> tuple[tuple[int, int, int], ...]:
+    """The per-group instances of the priced choice: current ones kept, the cheapest slots taken."""
+    x = [[0, 0, 0] for _ in p.groups]
+    if choice[0] == "colocated":
+        k = choice[1]
+        for i, c in enumerate(cur):
+            x[i][0] = c[0]
+        for _, i in _free(p, cap, cur, (0,))[:max(0, k - sum(c[0] for c in cur))]:
+            x[i][0] += 1
+        return tuple(tuple(v) for v in x)  # type: ignore[return-value]
+    _, kp, kd = choice
+    for i, c in enumerate(cur):
+        x[i][1], x[i][2] = c[1], c[2]
+    have = (sum(c[1] for c in cur), sum(c[2] for c in cur))
+    need = (max(0, kp - have[0]), max(0, kd - have[1]))
+    free = _free(p, cap, cur, (1, 2))
+    if need[0] and need[1]:
+        taken = free[:need[0] + need[1]]
+        for n, (_, i) in enumerate(taken):
+            x[i][1 if n < need[0] else 2] += 1
+        return tuple(tuple(v) for v in x)  # type: ignore[return-value]
+    for role, other in ((1, 2), (2, 1)):
+        want = need[other - 1]
+        if not want:
+            continue
+        surplus = max(0, have[role - 1] - (kp, kd)[role - 1])
+        tagged = sorted([(c, i, False) for c, i in free] + [(c, i, True) for c, i in _held(p, cur, role)[:surplus]])
+        for _, i, held in tagged[:want]:
+            if held:
+                x[i][role] -= 1
+            x[i][other] += 1
+    return tuple(tuple(v) for v in x)  # type: ignore[return-value]
