@@ -17,6 +17,11 @@ by the mixed program (planner/mixed.py); writes results/bench_planner_mixed.json
 solves the search's exact-units programs on the config's `solver.exact_backend` (default
 cpsat; `meta.exact_backend`) and the rest on the row's backend.
 
+`--slot-pricing`: single-type programs whose groups are plain instance slots (one TP degree,
+roles priced alike) are priced directly, exactly, without a solver (`solver.slot_pricing`,
+planner/uniform.py; off by default); the row's `slot_priced_fraction` says how many decisions
+were; writes results/bench_planner_slots.json.
+
 `--gap G`: `solver.relative_gap` = G, every decision proven within G of its objective rather
 than exactly (`optimal_fraction` then counts those; `meta.relative_gap` says which); writes
 results/bench_planner[_mixed]_gap<G>.json, so the exact runs' files stay.
@@ -100,9 +105,9 @@ def events(n: int, count: int, seed: int) -> list[dict]:
     return out
 
 
-def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[list[float], list[float], list[bool], list[float]]:
+def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[list[float], list[float], list[bool], list[float], list[str]]:
     pol = get_policy("pearl", backend)
-    total, solver, optimal, cpu = [], [], [], []
+    total, solver, optimal, cpu, proved_by = [], [], [], [], []
     types = sorted({g.type for g in state.gpus if g.pool == "elastic"})
     n_elastic = {t: sum(1 for g in state.gpus if g.pool == "elastic" and g.type == t) for t in types}
     for k, ev in enumerate(evs):
@@ -125,28 +130,30 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
             cpu.append((time.process_time() - c0) * 1000.0)
         solver.append(step.decision.proof.solve_ms if step else total[-1])
         optimal.append(step is not None and step.decision.proof.status == "optimal")
+        proved_by.append(step.decision.proof.backend if step else "none")
         if step is not None:
             state = apply_plan(state, step.plan)
         # the noticed GPUs are gone before the next event; everything else carries over
         gone = {g.id for g in state.gpus if g.preempt_notice}
         gpus = tuple(replace(g, available=g.available and g.id not in gone, preempt_notice=False) for g in state.gpus)
         state = replace(state, gpus=gpus, workers=tuple(w for w in state.workers if not gone & set(w.gpus)))
-    return total, solver, optimal, cpu
+    return total, solver, optimal, cpu, proved_by
 
 
-def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False, gap: float = 0.0) -> list[dict]:
+def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False, gap: float = 0.0,
+          slot_pricing: bool = False) -> list[dict]:
     """One row per (GPU count, backend): the timings of walking the same seeded events."""
     rows: list[dict] = []
     for n in sizes:
         t0 = time.perf_counter()
         inputs = planning_inputs(models, n)
-        inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0, relative_gap=gap))
+        inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0, relative_gap=gap, slot_pricing=slot_pricing))
         tab_ms = (time.perf_counter() - t0) * 1000.0
         base = mixed_cluster(n) if mixed else cluster(n)
         evs = events(n, n_events, seed)
         for be in backends:
             walk(base, inputs, be, evs[:2])  # warm up imports / solver libraries
-            total, solver, optimal, cpu = walk(base, inputs, be, evs)
+            total, solver, optimal, cpu, proved_by = walk(base, inputs, be, evs)
             rows.append({
                 "gpus": n, "backend": be,
                 "solve_ms_p50": round(float(np.percentile(total, 50)), 2),
@@ -156,6 +163,7 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
                 "solver_ms_p95": round(float(np.percentile(solver, 95)), 2),
                 "cpu_ms_p95": round(float(np.percentile(cpu, 95)), 2),
                 "tabulate_ms": round(tab_ms, 1),
+                "slot_priced_fraction": round(proved_by.count("slots") / len(proved_by), 4),
             })
             print(f"{n:>5} GPUs {be:>6}: p50 {rows[-1]['solve_ms_p50']:.1f} ms, p95 {rows[-1]['solve_ms_p95']:.1f} ms, optimal {rows[-1]['optimal_fraction']:.0%}", file=sys.stderr)
     return rows
@@ -176,6 +184,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print {meta, rows} as one JSON object on stdout")
     ap.add_argument("--mixed", action="store_true", help="three GPU types, TP 1/2/4 per role (configs/experiments/mixed-elastic.yaml's models)")
     ap.add_argument("--gap", type=float, default=0.0, help="solver.relative_gap: decisions proven within this share of the objective (default 0: exact)")
+    ap.add_argument("--slot-pricing", action="store_true", help="plain-slot single-type programs priced directly, exactly (solver.slot_pricing: true); default: the config's")
     args = ap.parse_args()
     if not 0.0 <= args.gap <= 0.5:
         raise SystemExit(f"--gap: got {args.gap}; allowed: 0 to 0.5 (solver.relative_gap)")
@@ -186,13 +195,16 @@ def main() -> None:
             args.out = str(ROOT / "results/bench_planner_mixed.json")
     if args.gap and args.out in (DEFAULT_OUT, str(ROOT / "results/bench_planner_mixed.json")):
         args.out = args.out.removesuffix(".json") + f"_gap{args.gap:g}.json"
+    if args.slot_pricing and not args.mixed and args.out == DEFAULT_OUT:
+        args.out = str(ROOT / "results/bench_planner_slots.json")
     load_start = os.getloadavg()[0]
     spec = load_experiment(args.config)
     models = build_models(spec)
     if args.mixed and not models.variants:
         raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")
     with stdout_to_stderr(args.json):
-        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed, args.mixed, args.gap)
+        slots = args.slot_pricing or spec.solver.slot_pricing
+        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed, args.mixed, args.gap, slots)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}
     cands = [r for r in rows if r["gpus"] == largest and r["backend"] in ok] or [r for r in rows if r["gpus"] == largest]
@@ -201,7 +213,8 @@ def main() -> None:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default,
-            "mixed": args.mixed, "relative_gap": args.gap, "exact_backend": spec.solver.exact_backend if args.mixed else None}
+            "mixed": args.mixed, "relative_gap": args.gap, "exact_backend": spec.solver.exact_backend if args.mixed else None,
+            "slot_pricing": slots and not args.mixed}
     doc = {"meta": meta, "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.console import Console
@@ -210,13 +223,15 @@ def main() -> None:
     exact = f" (exact-units programs on {spec.solver.exact_backend}, solver.exact_backend)" if args.mixed and spec.solver.exact_backend else ""
     kind = f"mixed: H800 + H20 + A100, TP 1/2/4 per role{exact}, " if args.mixed else ""
     within = f", proven within a relative gap of {args.gap:g}" if args.gap else ""
+    if not args.mixed:
+        within += ", plain-slot programs priced directly (solver.slot_pricing)" if slots else ", every program on the row's backend"
     t = Table(title=f"full planning step (state -> decision -> plan), {kind}pearl policy, {args.events} events per row{within}; default = {default}")
-    for c in ("GPUs", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal" if not args.gap else "proven within gap", "tables ms"):
+    for c in ("GPUs", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal" if not args.gap else "proven within gap", "slot-priced", "tables ms"):
         t.add_column(c, justify="right")
     for r in rows:
         style = "bold" if r["default"] else None
         t.add_row(str(r["gpus"]), r["backend"] + (" *" if r["default"] else ""), f"{r['solve_ms_p50']:.1f}", f"{r['solve_ms_p95']:.1f}", f"{r['cpu_ms_p95']:.1f}",
-                  f"{r['solver_ms_p95']:.1f}", f"{r['optimal_fraction']:.0%}", f"{r['tabulate_ms']:.0f}", style=style)
+                  f"{r['solver_ms_p95']:.1f}", f"{r['optimal_fraction']:.0%}", f"{r['slot_priced_fraction']:.0%}", f"{r['tabulate_ms']:.0f}", style=style)
     Console(stderr=args.json).print(t)
     if args.json:
         print_json(doc)
