@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -68,3 +69,16 @@ def test_a_driver_that_ignores_term_is_killed(quick: None) -> None:
         assert proc.returncode == -9
     finally:
         proc.kill()
+
+
+def test_a_head_that_goes_quiet_soon_after_the_driver_is_said_to_be_gone(quick: None) -> None:
+    """Ray's processes end after their parent: a head may answer for a moment after its driver ended."""
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        assert train._answers_after(address, 0.5)  # it still answers half a second on
+        threading.Timer(0.3, head.close).start()
+        t0 = time.monotonic()
+        assert not train._answers_after(address, 5.0)  # it went quiet within the wait
+        assert time.monotonic() - t0 < 5.0

@@ -21,6 +21,10 @@ DRIVER_ENDED = "PEARL_TRAIN_DRIVER_ENDED"
 HEAD_SILENCE_S = 10.0
 HEAD_CHECK_S = 1.0
 DRIVER_STOP_GRACE_S = 5.0
+# How long a head may still answer after the driver ended before it is said to answer: Ray's
+# processes end after their parent, not with it (a fresh clone's head answered at the instant
+# its killed driver had ended, 2026-12-05)
+HEAD_SETTLE_S = 5.0
 
 
 def _drive_in_child(args: list[str], address: str, metrics: Path) -> int:
@@ -49,9 +53,7 @@ def _drive_in_child(args: list[str], address: str, metrics: Path) -> int:
             return 1
         if ended.exists():
             return proc.returncode
-    from runtime.ray_runtime.ray_nodes import answers
-
-    head = "still answers (see Ray's logs)" if answers(address) else "is gone (nothing answers there)"
+    head = "still answers (see Ray's logs)" if _answers_after(address, HEAD_SETTLE_S) else "is gone (nothing answers there)"
     print(f"pearl: error: run failed: the driver ended without finishing (exit {proc.returncode}): the Ray head node at {address} {head} (metrics so far: {metrics})", file=sys.stderr)
     return 1
 
@@ -77,6 +79,20 @@ def _head_lost_before_end(proc: Any, address: str) -> bool:
             silent_since = now
         elif now - silent_since >= HEAD_SILENCE_S:
             return True
+
+
+def _answers_after(address: str, seconds: float) -> bool:
+    """Does the head still answer `seconds` from now (or stop answering before)?"""
+    import time
+
+    from runtime.ray_runtime.ray_nodes import answers
+
+    deadline = time.monotonic() + seconds
+    while answers(address, timeout_s=HEAD_CHECK_S):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(HEAD_CHECK_S / 4)
+    return False
 
 
 def _stop(proc: Any) -> None:
