@@ -23,6 +23,7 @@ is returned; tests hold it to brute force (tests/test_planner_milp.py, _oracle_o
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,6 +71,16 @@ def _entries(p: PlanningProblem, r: int) -> list[tuple[int, int, int]]:
     return [e for e in p.entries[r] if 1 <= e[0] <= k_max]
 
 
+@dataclass(frozen=True)
+class SlotPrices:
+    """The (price, group) lists, cheapest first, that both the pricing and the layout read."""
+
+    cur: list[list[int]]  # per group, per role: current instances
+    free_colocated: list[tuple[int, int]]  # slots a colocated layout may start on
+    free_split: list[tuple[int, int]]  # slots a disaggregated layout may start on
+    held: dict[int, list[tuple[int, int]]]  # prefill / decode: the slots their current instances hold
+
+
 def solve_slots(p: PlanningProblem) -> Solution | None:
     """The program's optimum by pricing every entry (pair), or None outside its shape."""
     cap = shape(p)
@@ -77,16 +88,17 @@ def solve_slots(p: PlanningProblem) -> Solution | None:
         return None
     t0 = time.perf_counter()
     cur = [[g.total_cur(r) for r in range(3)] for g in p.groups]
+    sp = SlotPrices(cur, _free(p, cap, cur, (0,)), _free(p, cap, cur, (1, 2)), {r: _held(p, cur, r) for r in (1, 2)})
     best: tuple[int, tuple] | None = None
     if "colocated" in p.modes:
-        best = _colocated(p, cap, cur)
+        best = _colocated(p, sp)
     if "disaggregated" in p.modes:
-        got = _disaggregated(p, cap, cur)
+        got = _disaggregated(p, sp)
         if got is not None and (best is None or got[0] < best[0]):
             best = got
     if best is None:  # nothing fits: the MILP proves it and diagnoses the family
         return None
-    x = _layout(p, cap, cur, best[1])
+    x = _layout(p, sp, best[1])
     obj = evaluate(p, x)
     if obj != best[0]:  # the shortcut's own price disagrees with the program's: let the MILP decide
         return None
@@ -116,10 +128,10 @@ def _held(p: PlanningProblem, cur: list[list[int]], r: int) -> list[tuple[int, i
     return sorted((g.stop_ms[0] + g.start_ms[0] - p.switch_saving(g, [0, 1, 2]), i) for i, (g, c) in enumerate(zip(p.groups, cur)) for _ in range(c[r]))
 
 
-def _colocated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> tuple[int, tuple] | None:
-    have = sum(c[0] for c in cur)
-    free = _prefix(_free(p, cap, cur, (0,)))
-    forced = _stop_ms(p, cur, (1, 2)) + p.constant_ms
+def _colocated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | None:
+    have = sum(c[0] for c in sp.cur)
+    free = _prefix(sp.free_colocated)
+    forced = _stop_ms(p, sp.cur, (1, 2)) + p.constant_ms
     best = None
     for k, t, q in _entries(p, 0):
         need = max(0, k - have)
@@ -130,10 +142,10 @@ def _colocated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> tupl
     return best
 
 
-def _disaggregated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> tuple[int, tuple] | None:
-    have = (sum(c[1] for c in cur), sum(c[2] for c in cur))
-    free = _free(p, cap, cur, (1, 2))
-    forced = _stop_ms(p, cur, (0,)) + p.constant_ms
+def _disaggregated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | None:
+    have = (sum(c[1] for c in sp.cur), sum(c[2] for c in sp.cur))
+    free = sp.free_split
+    forced = _stop_ms(p, sp.cur, (0,)) + p.constant_ms
     pre, dec = _entries(p, 1), _entries(p, 2)
     if not pre or not dec:
         return None
@@ -151,7 +163,7 @@ def _disaggregated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> 
     # one role asks for no new instance and may hold more than it asks: the other role may take
     # those slots (stop + start) where they are cheaper than the free ones
     for role, ks, need_other, axis in ((1, kp, need_d, 0), (2, kd, need_p, 1)):
-        held = _held(p, cur, role)
+        held = sp.held[role]
         for i, surplus in enumerate(np.maximum(have[role - 1] - ks, 0)):
             if surplus == 0:
                 continue
@@ -169,14 +181,15 @@ def _disaggregated(p: PlanningProblem, cap: list[int], cur: list[list[int]]) -> 
     return int(obj[i, j]), ("disaggregated", int(kp[i]), int(kd[j]))
 
 
-def _layout(p: PlanningProblem, cap: list[int], cur: list[list[int]], choice: tuple) -> tuple[tuple[int, int, int], ...]:
+def _layout(p: PlanningProblem, sp: SlotPrices, choice: tuple) -> tuple[tuple[int, int, int], ...]:
     """The per-group instances of the priced choice: current ones kept, the cheapest slots taken."""
+    cur = sp.cur
     x = [[0, 0, 0] for _ in p.groups]
     if choice[0] == "colocated":
         k = choice[1]
         for i, c in enumerate(cur):
             x[i][0] = c[0]
-        for _, i in _free(p, cap, cur, (0,))[:max(0, k - sum(c[0] for c in cur))]:
+        for _, i in sp.free_colocated[:max(0, k - sum(c[0] for c in cur))]:
             x[i][0] += 1
         return tuple(tuple(v) for v in x)  # type: ignore[return-value]
     _, kp, kd = choice
@@ -184,7 +197,7 @@ def _layout(p: PlanningProblem, cap: list[int], cur: list[list[int]], choice: tu
         x[i][1], x[i][2] = c[1], c[2]
     have = (sum(c[1] for c in cur), sum(c[2] for c in cur))
     need = (max(0, kp - have[0]), max(0, kd - have[1]))
-    free = _free(p, cap, cur, (1, 2))
+    free = sp.free_split
     if need[0] and need[1]:
         taken = free[:need[0] + need[1]]
         for n, (_, i) in enumerate(taken):
@@ -195,7 +208,7 @@ def _layout(p: PlanningProblem, cap: list[int], cur: list[list[int]], choice: tu
         if not want:
             continue
         surplus = max(0, have[role - 1] - (kp, kd)[role - 1])
-        tagged = sorted([(c, i, False) for c, i in free] + [(c, i, True) for c, i in _held(p, cur, role)[:surplus]])
+        tagged = sorted([(c, i, False) for c, i in free] + [(c, i, True) for c, i in sp.held[role][:surplus]])
         for _, i, held in tagged[:want]:
             if held:
                 x[i][role] -= 1

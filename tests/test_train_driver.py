@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -26,6 +28,15 @@ def _closed_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextmanager
+def _listening_head() -> Iterator[tuple[socket.socket, str]]:
+    """A socket that answers connections as a live head's GCS port does, and its address."""
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        yield head, f"127.0.0.1:{head.getsockname()[1]}"
 
 
 @pytest.fixture
@@ -49,12 +60,10 @@ def test_a_silent_head_stops_a_driver_that_does_not_end(quick: None) -> None:
 
 
 def test_a_head_that_answers_is_watched_until_the_driver_ends(quick: None) -> None:
-    with socket.socket() as head:
-        head.bind(("127.0.0.1", 0))
-        head.listen()
+    with _listening_head() as (_, address):
         proc = _sleeper(3 * train.HEAD_SILENCE_S)
         try:
-            assert not train._head_lost_before_end(proc, f"127.0.0.1:{head.getsockname()[1]}")
+            assert not train._head_lost_before_end(proc, address)
             assert proc.returncode == 0  # it ended by itself, after more than HEAD_SILENCE_S
         finally:
             proc.kill()
@@ -73,10 +82,7 @@ def test_a_driver_that_ignores_term_is_killed(quick: None) -> None:
 
 def test_a_head_that_goes_quiet_soon_after_the_driver_is_said_to_be_gone(quick: None) -> None:
     """Ray's processes end after their parent: a head may answer for a moment after its driver ended."""
-    with socket.socket() as head:
-        head.bind(("127.0.0.1", 0))
-        head.listen()
-        address = f"127.0.0.1:{head.getsockname()[1]}"
+    with _listening_head() as (head, address):
         assert train._answers_after(address, 0.5)  # it still answers half a second on
         threading.Timer(0.3, head.close).start()
         t0 = time.monotonic()
