@@ -17,22 +17,23 @@ by the mixed program (planner/mixed.py); writes results/bench_planner_mixed.json
 solves the search's exact-units programs on the config's `solver.exact_backend` (default
 cpsat; `meta.exact_backend`) and the rest on the row's backend.
 
-`--slot-pricing`: single-type programs whose groups are plain instance slots (one TP degree,
-roles priced alike) are priced directly, exactly, without a solver (`solver.slot_pricing`,
-planner/uniform.py; off by default); the row's `slot_priced_fraction` says how many decisions
-were; writes results/bench_planner_slots.json.
+`--slot-pricing` (the default config's `solver.slot_pricing: true`): single-type programs whose
+groups are plain instance slots (one TP degree, roles priced alike) are priced directly, exactly,
+without a solver (planner/uniform.py); the row's `slot_priced_fraction` says how many decisions
+were; writes results/bench_planner_slots.json. `--no-slot-pricing`: every program on the row's
+backend (the MILP), the backends compared; writes results/bench_planner.json.
 
 `--gap G`: `solver.relative_gap` = G, every decision proven within G of its objective rather
 than exactly (`optimal_fraction` then counts those; `meta.relative_gap` says which); writes
 results/bench_planner[_mixed]_gap<G>.json, so the exact runs' files stay.
 
-Writes results/bench_planner.json (one object per GPU count and backend: gpus, backend,
+Each file holds one object per GPU count and backend (gpus, backend,
 solve_ms_p50, solve_ms_p95, optimal_fraction, decisions, solver_ms_p95, default) and prints
 a table (also cpu_ms_p95: CPU time of the step, which a busy shared machine inflates less than wall time). The default backend is the one that proves every decision optimal with the lowest
 p95 at the largest size. `--json` prints the same document ({"meta", "rows"}) as the one
 JSON object on stdout and the table on stderr.
 
-    python experiments/bench_planner.py --gpus 16,64,256,1024,4096 --json
+    python experiments/bench_planner.py --gpus 16,64,256,1024,4096 --no-slot-pricing --json
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print {meta, rows} as one JSON object on stdout")
     ap.add_argument("--mixed", action="store_true", help="three GPU types, TP 1/2/4 per role (configs/experiments/mixed-elastic.yaml's models)")
     ap.add_argument("--gap", type=float, default=0.0, help="solver.relative_gap: decisions proven within this share of the objective (default 0: exact)")
-    ap.add_argument("--slot-pricing", action="store_true", help="plain-slot single-type programs priced directly, exactly (solver.slot_pricing: true); default: the config's")
+    ap.add_argument("--slot-pricing", action=argparse.BooleanOptionalAction, default=None,
+                    help="plain-slot single-type programs priced directly, exactly (solver.slot_pricing), or every program on the row's backend (--no-slot-pricing); default: the config's")
     args = ap.parse_args()
     if not 0.0 <= args.gap <= 0.5:
         raise SystemExit(f"--gap: got {args.gap}; allowed: 0 to 0.5 (solver.relative_gap)")
@@ -195,15 +197,15 @@ def main() -> None:
             args.out = str(ROOT / "results/bench_planner_mixed.json")
     if args.gap and args.out in (DEFAULT_OUT, str(ROOT / "results/bench_planner_mixed.json")):
         args.out = args.out.removesuffix(".json") + f"_gap{args.gap:g}.json"
-    if args.slot_pricing and not args.mixed and args.out == DEFAULT_OUT:
-        args.out = str(ROOT / "results/bench_planner_slots.json")
     load_start = os.getloadavg()[0]
     spec = load_experiment(args.config)
+    slots = spec.solver.slot_pricing if args.slot_pricing is None else args.slot_pricing
+    if slots and not args.mixed and args.out == DEFAULT_OUT:
+        args.out = str(ROOT / "results/bench_planner_slots.json")
     models = build_models(spec)
     if args.mixed and not models.variants:
         raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")
     with stdout_to_stderr(args.json):
-        slots = args.slot_pricing or spec.solver.slot_pricing
         rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed, args.mixed, args.gap, slots)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}

@@ -385,9 +385,9 @@ class SolverSpec(Frozen):
     exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
     # single-type programs whose groups are plain instance slots (one TP degree, roles priced
     # alike) solved by pricing every table entry directly: exact, ~1 ms where the MILP takes
-    # 15-30 at 256 GPUs (planner/uniform.py). Off by default until the README's published
-    # results are regenerated on it: it breaks ties between equal optima differently
-    slot_pricing: bool = False
+    # 15-30 at 256 GPUs (planner/uniform.py). false: every program on `backend` (the MILP); it
+    # breaks ties between equal optima differently, so a run's layouts can differ (README, "Planner")
+    slot_pricing: bool = True
 
 
 class TraceSpec(Frozen):

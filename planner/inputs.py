@@ -137,7 +137,7 @@ class SolverSettings:
     seed: int = 0
     relative_gap: float = 0.0  # "optimal" is proven within this share of the objective (0: exact)
     exact_backend: str | None = "cpsat"  # the mixed search's exact-units programs (None: `backend`)
-    slot_pricing: bool = False  # plain-slot single-type programs priced directly (planner/uniform.py), not on `backend`
+    slot_pricing: bool = True  # plain-slot single-type programs priced directly (planner/uniform.py), not on `backend`
 
 
 @dataclass(frozen=True)

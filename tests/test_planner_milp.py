@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from dataclasses import replace as dc_replace
 
 import pytest
 
@@ -96,8 +97,6 @@ def test_slot_pricing_matches_exhaustive_enumeration() -> None:
 def test_slot_pricing_declines_what_is_not_plain_slots() -> None:
     """Prices per role, a switch cheaper than a stop (starting more than asked could pay) or a
     fixed P:D split leave the program to the MILP."""
-    from dataclasses import replace as dc_replace
-
     problem = next(p for p in (build_problem(s, i, 0.0) for s, i in CASES) if slot_shape(p) is not None and p.groups)
     g = problem.groups[0]
 
@@ -111,8 +110,6 @@ def test_slot_pricing_declines_what_is_not_plain_slots() -> None:
 
 
 def test_the_planner_step_uses_slot_pricing_unless_told_not_to() -> None:
-    from dataclasses import replace as dc_replace
-
     used = {True: 0, False: 0}
     for state, inputs in CASES[:100]:
         for on in (True, False):
@@ -132,10 +129,12 @@ def test_class_aggregation_is_exact() -> None:
         assert a.objective_ms == b.objective_ms, i
 
 
-def test_plan_objective_recomputed_from_scratch_equals_solver() -> None:
+@pytest.mark.parametrize("slots", [False, True], ids=["milp", "slot-pricing"])
+def test_plan_objective_recomputed_from_scratch_equals_solver(slots: bool) -> None:
     """Completion of the decided counts, priced for the work left, + the cost of the plan's own actions == solver objective."""
     checked = 0
     for i, (state, inputs) in enumerate(CASES):
+        inputs = dc_replace(inputs, solver=dc_replace(inputs.solver, slot_pricing=slots))
         problem, sol, decision = solve_step(state, inputs, 0.0, backend="cpsat")
         if decision is None:
             continue
@@ -176,7 +175,6 @@ def test_infeasible_names_the_constraint_family() -> None:
 def test_time_limit_returns_the_best_feasible_with_its_gap() -> None:
     """CP-SAT cut short (deterministic limit) on a 1024-GPU per-node program: a feasible
     answer whose objective and bound bracket the optimum another backend proves."""
-    from dataclasses import replace as dc_replace
     from pathlib import Path
 
     from models.builder import build_models

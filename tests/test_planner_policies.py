@@ -125,7 +125,7 @@ def test_baselines() -> None:
 def test_time_limit_without_a_solution_keeps_the_current_configuration() -> None:
     g = node("r", "rollout", 8)
     state = ClusterState(tuple(g), workers(["prefill", "decode", "decode", "decode"], g))
-    inp = replace(inputs({4: 500.0}, {1: 101.0, 2: 100.0}, {2: 100.5, 3: 100.0}), solver=SolverSettings("cpsat", 1e-6))
+    inp = replace(inputs({4: 500.0}, {1: 101.0, 2: 100.0}, {2: 100.5, 3: 100.0}), solver=SolverSettings("cpsat", 1e-6, slot_pricing=False))  # the MILP path: slot pricing needs no time
     step = get_policy("pearl-no-gate").decide(state, inp, 0.0)
     d = step.decision
     assert d.proof.status == "no_solution" and not d.applied and d.ratio == "1P3D" and step.plan.empty

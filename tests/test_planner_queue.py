@@ -62,16 +62,18 @@ def _brute_force(predictor, instances: int, queue: bool = True) -> dict[tuple[in
     return {(a, b): max(_ms(t_p[a - 1]), _ms(t_d[b - 1])) + _ms(q[a - 1]) for a in n for b in n if a + b <= instances}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "slots"])
 def test_split_and_objective_equal_brute_force_on_predictor_tables(backend: str) -> None:
     inputs, predictor = _crossover_inputs()
+    # each backend's MILP, and the slot pricing (planner/uniform.py) that the default settings try first
+    inputs = replace(inputs, solver=replace(inputs.solver, slot_pricing=backend == "slots"))
     state = initial_state([(2, 8, "H800", "rollout")])
     values = _brute_force(predictor, 8)
     best = min(values.values())
     argmin = [s for s, v in values.items() if v == best]
     assert argmin == [(2, 6)], argmin  # unique; without the queue it would be 1P7D (below)
-    problem, sol, decision = solve_step(state, inputs, 0.0, Options(modes=("disaggregated",)), backend)
-    assert sol.status == "optimal" and decision is not None
+    problem, sol, decision = solve_step(state, inputs, 0.0, Options(modes=("disaggregated",)), "cbc" if backend == "slots" else backend)
+    assert sol.status == "optimal" and decision is not None and decision.proof.backend == backend
     assert sol.objective_ms == best == sol.completion_ms  # transition weight 0: the objective is the completion
     assert (decision.prefill, decision.decode) == (2, 6)
     assert round(decision.predicted_completion_s * 1000) == best

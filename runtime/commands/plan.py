@@ -50,7 +50,7 @@ def plan(
     trace_offset_hours: Optional[float] = offset_option("window start in trace hours"),
     hours: Optional[float] = hours_option("window length in trace hours"),
     out: Path = typer.Option(..., "--out", "-o", help="where to write plan.json"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="solver backend (default: the config's)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="solver backend of the integer programs (default: the config's); plain-slot single-type programs are priced without one unless solver.slot_pricing is false"),
     as_json: bool = typer.Option(False, "--json", help="print a one-object summary on stdout"),
 ) -> None:
     """Plan rollout configurations over an availability trace and write every decision and plan."""
