@@ -142,13 +142,14 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
 
 
 def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False, gap: float = 0.0,
-          slot_pricing: bool = False) -> list[dict]:
-    """One row per (GPU count, backend): the timings of walking the same seeded events."""
+          slot_pricing: bool | None = None) -> list[dict]:
+    """One row per (GPU count, backend): the timings of walking the same seeded events (slot_pricing None: the config's)."""
     rows: list[dict] = []
     for n in sizes:
         t0 = time.perf_counter()
         inputs = planning_inputs(models, n)
-        inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0, relative_gap=gap, slot_pricing=slot_pricing))
+        slots = inputs.solver.slot_pricing if slot_pricing is None else slot_pricing
+        inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0, relative_gap=gap, slot_pricing=slots))
         tab_ms = (time.perf_counter() - t0) * 1000.0
         base = mixed_cluster(n) if mixed else cluster(n)
         evs = events(n, n_events, seed)

@@ -80,6 +80,16 @@ class SlotPrices:
     free_split: list[tuple[int, int]]  # slots a disaggregated layout may start on
     held: dict[int, list[tuple[int, int]]]  # prefill / decode: the slots their current instances hold
 
+    def have(self, r: int) -> int:
+        """Role r's current instances."""
+        return sum(c[r] for c in self.cur)
+
+    def with_surplus(self, role: int, surplus: int) -> list[tuple[int, int, bool]]:
+        """(price, group, held) of the free split slots and the cheapest `surplus` slots that
+        `role`'s current instances hold (their stop + a start there), cheapest first: where the
+        other role starts when `role` asks for fewer instances than it has."""
+        return sorted([(c, i, False) for c, i in self.free_split] + [(c, i, True) for c, i in self.held[role][:surplus]])
+
 
 def solve_slots(p: PlanningProblem) -> Solution | None:
     """The program's optimum by pricing every entry (pair), or None outside its shape."""
@@ -129,7 +139,7 @@ def _held(p: PlanningProblem, cur: list[list[int]], r: int) -> list[tuple[int, i
 
 
 def _colocated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | None:
-    have = sum(c[0] for c in sp.cur)
+    have = sp.have(0)
     free = _prefix(sp.free_colocated)
     forced = _stop_ms(p, sp.cur, (1, 2)) + p.constant_ms
     best = None
@@ -143,8 +153,7 @@ def _colocated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | None:
 
 
 def _disaggregated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | None:
-    have = (sum(c[1] for c in sp.cur), sum(c[2] for c in sp.cur))
-    free = sp.free_split
+    have = (sp.have(1), sp.have(2))
     forced = _stop_ms(p, sp.cur, (0,)) + p.constant_ms
     pre, dec = _entries(p, 1), _entries(p, 2)
     if not pre or not dec:
@@ -156,18 +165,17 @@ def _disaggregated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | No
         np.array([q for _, _, q in pre]), np.array([q for _, _, q in dec]))
     need_p, need_d = np.maximum(kp - have[0], 0), np.maximum(kd - have[1], 0)
     cost = np.full(time_ms.shape, UNFIT, dtype=np.int64)
-    both = _prefix(free)
+    both = _prefix(sp.free_split)
     n = need_p[:, None] + need_d[None, :]
     ok = n < len(both)
     cost[ok] = both[n[ok]]
     # one role asks for no new instance and may hold more than it asks: the other role may take
     # those slots (stop + start) where they are cheaper than the free ones
     for role, ks, need_other, axis in ((1, kp, need_d, 0), (2, kd, need_p, 1)):
-        held = sp.held[role]
         for i, surplus in enumerate(np.maximum(have[role - 1] - ks, 0)):
             if surplus == 0:
                 continue
-            merged = _prefix(sorted(free + held[:surplus]))
+            merged = _prefix([(c, g) for c, g, _ in sp.with_surplus(role, int(surplus))])
             fits = need_other < len(merged)
             line = np.where(fits, merged[np.minimum(need_other, len(merged) - 1)], UNFIT)
             if axis == 0:
@@ -189,17 +197,16 @@ def _layout(p: PlanningProblem, sp: SlotPrices, choice: tuple) -> tuple[tuple[in
         k = choice[1]
         for i, c in enumerate(cur):
             x[i][0] = c[0]
-        for _, i in sp.free_colocated[:max(0, k - sum(c[0] for c in cur))]:
+        for _, i in sp.free_colocated[:max(0, k - sp.have(0))]:
             x[i][0] += 1
         return tuple(tuple(v) for v in x)  # type: ignore[return-value]
     _, kp, kd = choice
     for i, c in enumerate(cur):
         x[i][1], x[i][2] = c[1], c[2]
-    have = (sum(c[1] for c in cur), sum(c[2] for c in cur))
+    have = (sp.have(1), sp.have(2))
     need = (max(0, kp - have[0]), max(0, kd - have[1]))
-    free = sp.free_split
     if need[0] and need[1]:
-        taken = free[:need[0] + need[1]]
+        taken = sp.free_split[:need[0] + need[1]]
         for n, (_, i) in enumerate(taken):
             x[i][1 if n < need[0] else 2] += 1
         return tuple(tuple(v) for v in x)  # type: ignore[return-value]
@@ -208,8 +215,7 @@ def _layout(p: PlanningProblem, sp: SlotPrices, choice: tuple) -> tuple[tuple[in
         if not want:
             continue
         surplus = max(0, have[role - 1] - (kp, kd)[role - 1])
-        tagged = sorted([(c, i, False) for c, i in free] + [(c, i, True) for c, i in sp.held[role][:surplus]])
-        for _, i, held in tagged[:want]:
+        for _, i, held in sp.with_surplus(role, surplus)[:want]:
             if held:
                 x[i][role] -= 1
             x[i][other] += 1
