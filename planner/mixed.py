@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -833,9 +834,13 @@ def splits_at_price(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> bool:
     that run the same instances are folded (`Options.fold_running`) is a relaxation: its optimum
     bounds the true one from below, and is the true one when it splits at the price charged."""
     for g, v in zip(p.groups, x):
-        if g.mult == 1 or not any(g.cur):
-            continue
+        if g.mult == 1 or not any(g.cur) or all(v[i] == g.total_cur(i) for i in range(len(v))):
+            continue  # a class that keeps its instances splits as it is, at no cost
         parts = _split(g, v)
-        if parts is None or sum(group_transition_ms(replace(g, nodes=(node,)), nv) for node, nv in parts) != group_transition_ms(g, v):
+        if parts is None:
+            return False
+        # every node of a class starts from the same instances: one price per distinct node layout
+        node = replace(g, nodes=g.nodes[:1])
+        if sum(n * group_transition_ms(node, nv) for nv, n in Counter(nv for _, nv in parts).items()) != group_transition_ms(g, v):
             return False
     return True
