@@ -220,8 +220,9 @@ def main() -> None:
             "slot_pricing": slots and not args.mixed}
     doc = {"meta": meta, "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1))
-    from rich.console import Console
     from rich.table import Table
+
+    from runtime.tables import table_console
 
     exact = f" (exact-units programs on {spec.solver.exact_backend}, solver.exact_backend)" if args.mixed and spec.solver.exact_backend else ""
     kind = f"mixed: H800 + H20 + A100, TP 1/2/4 per role{exact}, " if args.mixed else ""
@@ -235,7 +236,7 @@ def main() -> None:
         style = "bold" if r["default"] else None
         t.add_row(str(r["gpus"]), r["backend"] + (" *" if r["default"] else ""), f"{r['solve_ms_p50']:.1f}", f"{r['solve_ms_p95']:.1f}", f"{r['cpu_ms_p95']:.1f}",
                   f"{r['solver_ms_p95']:.1f}", f"{r['optimal_fraction']:.0%}", f"{r['slot_priced_fraction']:.0%}", f"{r['tabulate_ms']:.0f}", style=style)
-    Console(stderr=args.json).print(t)
+    table_console(stderr=args.json).print(t)
     if args.json:
         print_json(doc)
 

@@ -85,15 +85,16 @@ def main() -> None:
     if args.json:
         print_json(out)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from runtime.tables import table_console
 
     t = Table(title=f"simulator benchmark: {gpus} GPUs, {args.hours:g} h, {args.policy}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k, v in out.items():
         t.add_row(k, str(v))
-    Console().print(t)
+    table_console().print(t)
 
 
 if __name__ == "__main__":

@@ -50,15 +50,16 @@ def main() -> None:
     rows = kind_rows(args.config, args.gpus)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": args.config, "gpus": args.gpus, "rows": rows}, indent=1))
-    from rich.console import Console
     from rich.table import Table
+
+    from runtime.tables import table_console
 
     t = Table(title=f"batch path on {args.gpus} GPUs of one type (s; lower is better)")
     for c in ("GPU", "TP", "instances", "colocated", "prefill (+queue)", "decode", "profile"):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(r["gpu"], str(r["tp"]), str(r["instances"]), f"{r['colocated_s']:.0f}", f"{r['prefill_s']:.0f}", f"{r['decode_s']:.0f}", r["profile"])
-    Console().print(t)
+    table_console().print(t)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def main() -> None:
     from models.builder import build_models
     from models.config import load_experiment
     from runtime.sim.run import TraceFlags, simulate
+    from runtime.tables import table_console
 
     console = Console(stderr=True)
     rows: list[dict] = []
@@ -211,7 +212,7 @@ def main() -> None:
         t.add_column(c)
     for r in rows:
         t.add_row(r["claim"], r["kind"], r["paper"], r["ours"], r["delta"])
-    Console().print(t)
+    table_console().print(t)
 
 
 if __name__ == "__main__":

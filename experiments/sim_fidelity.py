@@ -117,8 +117,9 @@ def main() -> None:
     if args.json:
         print_json(out)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from runtime.tables import table_console
 
     t = Table(title=f"simulator fidelity on {out['config']} ({source})")
     for c in ("layout", "B", "tool s", "measured s", "simulated s", "predicted s", "sim vs meas %", "pred vs meas %", "sim vs pred %"):
@@ -127,10 +128,10 @@ def main() -> None:
         t.add_row(r["layout"], str(r["batch"]), f"{r['env_s']:g}", str(r.get("measured_s", "-")), f"{r['simulated_s']:.3f}", f"{r['predicted_s']:.3f}",
                   f"{r['sim_vs_measured_pct']:+.1f}" if "sim_vs_measured_pct" in r else "-",
                   f"{r['predictor_vs_measured_pct']:+.1f}" if "predictor_vs_measured_pct" in r else "-", f"{r['sim_vs_predictor_pct']:+.1f}")
-    Console().print(t)
+    table_console().print(t)
     vs_measured = (f"simulator vs measured {out['mape_sim_vs_measured_pct']}%, predictor vs measured {out['mape_predictor_vs_measured_pct']}%, "
                    if out["mape_sim_vs_measured_pct"] is not None else "")
-    Console().print(f"mean |error|: {vs_measured}simulator vs predictor {out['mape_sim_vs_predictor_pct']}% (target <= 10%)")
+    table_console().print(f"mean |error|: {vs_measured}simulator vs predictor {out['mape_sim_vs_predictor_pct']}% (target <= 10%)")
 
 
 if __name__ == "__main__":

@@ -151,8 +151,9 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
-    from rich.console import Console
     from rich.table import Table
+
+    from runtime.tables import table_console
 
     t = Table(title=f"{slow} engines {factor:g}x slower than their profile; {args.steps} steps per run{'; predictor.wait_tail' if args.wait_tail else ''} ({args.out})")
     for c in ("repeat", "speeds", f"learned {slow}/{home}", f"{slow} request share", "rollout s (all)", "batch s (2nd half)", "|error| % (2nd half)",
@@ -169,7 +170,7 @@ def main() -> None:
             return f"{statistics.median(vals):g}" if vals else "-"
 
         t.add_row("median", "per type" if per_type else "one for all", *(med(k) for k in keys), style="bold")
-    Console().print(t)
+    table_console().print(t)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,18 @@ def test_compare_json_contract_and_plot(tmp_path):
     assert png.exists() and png.stat().st_size > 10_000
 
 
+def test_compare_table_keeps_every_number_when_piped(pearl):
+    """Off a terminal (a pipe, a log, CI) rich assumed 80 columns and cut the table's numbers to '15,…'."""
+    table = pearl("compare", "--config", CFG, "--policies", "pearl,roll,rlboost+", "--hours", "0.2")
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "…" not in table.stdout, table.stdout
+    res = CliRunner().invoke(app, ["compare", "--config", CFG, "--policies", "pearl,roll,rlboost+", "--hours", "0.2", "--json"])
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["policies"]
+    for name, row in rows.items():
+        line = next(x for x in table.stdout.splitlines() if x.startswith(f"│ {name} "))
+        assert f"{row['tokens_per_s']:,.0f}" in line, (name, line)
+
+
 def test_simulate_json_uses_trace_flags():
     res = CliRunner().invoke(app, ["simulate", "--config", CFG, "--policy", "fixed:colocated:8:0:0", "--trace-offset-hours", "2", "--hours", "0.3", "--json"])
     assert res.exit_code == 0, res.output

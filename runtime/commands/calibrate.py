@@ -64,28 +64,28 @@ def calibrate(
 
 
 def _print_targets(rep: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from runtime.tables import table_console
     t = Table(title=f"calibration: candidate {rep['candidate']} -> {rep['workload']}")
     for c in ("target", "measured", "model", "residual", "by", "predictor"):
         t.add_column(c)
     for name, r in rep["targets"].items():
         t.add_row(name, f"{r['target']:g}", f"{r['model']:.4g}", f"{r['residual_pct']:+.1f}%", r["evaluated_by"], f"{r.get('predictor', r['model']):.4g}")
-    Console().print(t)
-    Console().print("candidates (rms error of the predictor fit): " + ", ".join(f"{k} {v['rms_pct']:.1f}%" for k, v in rep["candidates"].items()))
-    Console().print("parameters: " + ", ".join(f"{k} = {v:g}" for k, v in rep["parameters"].items()))
+    table_console().print(t)
+    table_console().print("candidates (rms error of the predictor fit): " + ", ".join(f"{k} {v['rms_pct']:.1f}%" for k, v in rep["candidates"].items()))
+    table_console().print("parameters: " + ", ".join(f"{k} = {v:g}" for k, v in rep["parameters"].items()))
 
 
 def _print_log_fit(fit, out: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from runtime.tables import table_console
     t = Table(title=f"{fit.trajectories} trajectories, {fit.turns} turns -> {out}")
     for c in ("field", "samples", "observed mean", "fitted mean", "observed p90", "fitted p90", "note"):
         t.add_column(c)
     for f in fit.fields:
         t.add_row(f.name, str(f.samples), f"{f.observed.mean:.4g}", f"{f.fitted.mean:.4g}", f"{f.observed.p90:.4g}", f"{f.fitted.p90:.4g}", f.note)
-    Console().print(t)
+    table_console().print(t)
     if fit.assumed:
-        Console().print("not in the logs (from the base workload or defaults): " + ", ".join(fit.assumed))
+        table_console().print("not in the logs (from the base workload or defaults): " + ", ".join(fit.assumed))

@@ -130,10 +130,10 @@ def compare(
 
 def print_table(results: dict[str, SimResult], title: str) -> None:
     """One row per policy; a `failed decisions` column appears when any policy failed one."""
-    from rich.console import Console
     from rich.table import Table
 
     from runtime.commands.simulate import failed_cell
+    from runtime.tables import table_console
 
     first = next(iter(results))
     base = results[first].tokens_per_s
@@ -154,7 +154,7 @@ def print_table(results: dict[str, SimResult], title: str) -> None:
         cells = [n, f"{s['tokens_per_s']:,.0f}", rel, f"{s['steps_per_h']:.1f}", f"{s['trajectories_per_h']:.0f}", f"{s['rollout_share']:.1%}",
                  str(s["switches"]), str(s["lends"]), str(s["lost_trajectories"]), str(s["late_returns"]), f"{s['train_delay_s']:.1f}"]
         t.add_row(*cells, *([failed_cell(r)] if failures else []), *(["; ".join(f"{ty} {lab}" for ty, lab in held[n].items())] if mixed else []))
-    Console().print(t)
+    table_console().print(t)
 
 
 def held_layouts(r: SimResult) -> dict[str, str]:

@@ -140,16 +140,16 @@ def fit(
     if as_json:
         print_json(result)
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from runtime.tables import table_console
     t = Table(title=f"fit {model} on {hardware} (tp {tp}) from {samples.name}")
     for c in ("step kind", "samples", "fit MAPE %", "held out", f"held-out MAPE % ({holdout_every}-fold)", "repeat noise %"):
         t.add_column(c)
     for kind in report.train_mape:
         noise = report.repeat_noise[kind]
         t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}", f"{noise:.2f}" if noise else "not recorded")
-    Console().print(t)
+    table_console().print(t)
     for kind, why in prof.fit.get("skipped", {}).items():
-        Console().print(f"{kind} samples: {why}")
-    Console().print(f"wrote {out}")
+        table_console().print(f"{kind} samples: {why}")
+    table_console().print(f"wrote {out}")

@@ -83,9 +83,9 @@ def simulate(
 
 def print_table(r: SimResult, title: str) -> None:
     """The metric/value table on stdout; failed decisions and the first reason get rows when there are any."""
-    from rich.console import Console
     from rich.table import Table
 
+    from runtime.tables import table_console
     s = r.summary()
     t = Table(title=title)
     t.add_column("metric")
@@ -101,4 +101,4 @@ def print_table(r: SimResult, title: str) -> None:
         t.add_row(f"mean GPUs {k}", str(v))
     for k, v in u.get("busy_fraction", {}).items():
         t.add_row(f"busy fraction {k}", str(v))
-    Console().print(t)
+    table_console().print(t)

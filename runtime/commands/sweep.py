@@ -93,6 +93,7 @@ def print_table(res: SweepResult, paths: dict[str, Path]) -> None:
 
     from runtime.sweep.report import fmt
     from runtime.sweep.study import LABELS
+    from runtime.tables import table_console
 
     t = Table(title=f"{res.title()}: {len(res.run.records)} runs ({res.run.computed} computed, {res.run.cached} cached), {res.run.wall_s:.1f} s")
     for k in res.keys:
@@ -108,5 +109,5 @@ def print_table(res: SweepResult, paths: dict[str, Path]) -> None:
             s = a.get(m)
             cells.append("-" if s is None else fmt(s["mean"]) + (f" ±{fmt(s['std'])}" if several else ""))
         t.add_row(*cells, "yes" if a.get("pareto") else "")
-    Console().print(t)
+    table_console().print(t)
     Console(stderr=True).print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}" + (" (± = 1 std across seeds)" if several else ""))
