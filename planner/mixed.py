@@ -235,6 +235,8 @@ class MixedProblem:
     # the best seed layout and its objective, priced once by the entry pruning (its value is the
     # same on the pruned entries: see `_prune_entries`); None: the search prices the seeds itself
     seed: tuple[tuple[tuple[int, ...], ...], int] | None = None
+    # `roles` before the entry pruning (None: not pruned), for layouts it cannot price (`exact_for`)
+    unpruned: tuple[RoleKinds, RoleKinds, RoleKinds] | None = field(default=None, compare=False, repr=False)
 
     def counts(self, x: tuple[tuple[int, ...], ...]) -> tuple[dict[Kind, int], dict[Kind, int], dict[Kind, int]]:
         out: tuple[dict[Kind, int], ...] = ({}, {}, {})
@@ -396,7 +398,24 @@ def _prune_entries(p: MixedProblem) -> MixedProblem:
             keep[order[q >= np.minimum.accumulate(np.r_[np.iinfo(np.int64).max, q[:-1]])]] = False
             kinds.append(kt.keep(keep))
         roles.append(RoleKinds(tuple(kinds), rk.units))
-    return MixedProblem(p.groups, tuple(roles), p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work, seed)  # type: ignore[arg-type]
+    return MixedProblem(p.groups, tuple(roles), p.batch_roles, p.modes, p.fixed_pd, p.max_gpus, p.constant_ms, p.cost_gpus, p.work, seed, p.roles)  # type: ignore[arg-type]
+
+
+def exact_for(p: MixedProblem, x: tuple[tuple[int, ...], ...]) -> MixedProblem:
+    """`p`, or `p` on its unpruned entries where the entry pruning cannot price layout x.
+
+    Why: the pruning keeps only entries an optimum can select, those with t + q within the best
+    seed's objective. A layout worse than that seed (a current one the planner should leave) may
+    have lost the entries its operating point needs, and then prices as infeasible or too slow:
+    the gate read it as "current configuration infeasible" and switched without weighing the
+    margin. A layout priced within the seed's objective is priced exactly (its own entries have
+    t + q no larger than its objective, so they were kept), so only the others are priced again."""
+    if p.unpruned is None or p.seed is None:
+        return p
+    v = evaluate_mixed(p, x)
+    if v is not None and v <= p.seed[1]:
+        return p
+    return replace(p, roles=p.unpruned, unpruned=None)
 
 
 def seed_layouts(p: MixedProblem) -> list[tuple[tuple[int, ...], ...]]:

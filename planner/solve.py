@@ -70,12 +70,13 @@ def current_x(problem: PlanningProblem | MixedProblem) -> tuple[tuple[int, ...],
 
 
 def evaluate_any(problem: PlanningProblem | MixedProblem, x: tuple[tuple[int, ...], ...]) -> int | None:
-    return mixed.evaluate_mixed(problem, x) if isinstance(problem, MixedProblem) else evaluate(problem, x)  # type: ignore[arg-type]
+    """Layout x's objective, whatever the entry pruning of a mixed problem kept (`mixed.exact_for`)."""
+    return mixed.evaluate_mixed(mixed.exact_for(problem, x), x) if isinstance(problem, MixedProblem) else evaluate(problem, x)  # type: ignore[arg-type]
 
 
 def decision_for(problem: PlanningProblem | MixedProblem, x: tuple[tuple[int, ...], ...], proof: SolverProof, objective_ms: int | None = None) -> Decision:
     if isinstance(problem, MixedProblem):
-        return mixed_decision_from(problem, x, proof, objective_ms)
+        return mixed_decision_from(mixed.exact_for(problem, x), x, proof, objective_ms)
     return decision_from(problem, x, proof, objective_ms)  # type: ignore[arg-type]
 
 

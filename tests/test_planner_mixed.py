@@ -510,3 +510,22 @@ def test_the_pruned_problem_carries_its_best_seed_at_its_own_price() -> None:
         assert evaluate_mixed(p, x) == v == min(values)
         carried += 1
     assert carried >= 120, carried  # 143 of 200 when written (the rest: no seed is feasible)
+
+
+def test_the_current_layout_is_priced_on_every_entry_whatever_the_pruning_kept() -> None:
+    """The entry pruning keeps what an optimum can select; a current layout worse than the best
+    seed could lose its own entries and read as infeasible (the gate then forced a switch without
+    weighing the margin) or too slow. The gate's pricing equals the unpruned problem's."""
+    from planner.solve import current_x, evaluate_any
+
+    held = repriced = 0
+    for state, inputs, _ in cases():
+        p = build_mixed_problem(state, inputs, 0.0)
+        x = current_x(p)
+        if not any(any(v) for v in x):
+            continue
+        held += 1
+        full = evaluate_mixed(build_mixed_problem(state, inputs, 0.0, prune=False), x)
+        assert evaluate_any(p, x) == full
+        repriced += evaluate_mixed(p, x) != full
+    assert held >= 50 and repriced >= 5, (held, repriced)  # 63 and 7 of the 200 when written
