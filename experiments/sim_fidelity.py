@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def replay(spec, layout: str, batch: int, env_s: float, max_batched_tokens: int = 8192) -> tuple[float, float]:
+def replay(spec, layout: str, batch: int, env_s: float) -> tuple[float, float]:
     """(simulated mean batch completion, predicted completion) of a held layout ('2C', '1P1D') at
-    `batch` trajectories and tool waits scaled to a mean of `env_s`."""
+    `batch` trajectories and tool waits scaled to a mean of `env_s`; each engine steps at its
+    profile's token budget, as the predictor prices it."""
     from models.builder import build_models
     from models.config import layout_counts
     from runtime.sim.layout import FixedLayout, Layout
@@ -50,7 +51,7 @@ def replay(spec, layout: str, batch: int, env_s: float, max_batched_tokens: int 
     else:
         lay, pred = Layout("disaggregated", prefill=p, decode=d), m.predictor.disaggregated(p, d).completion_s
     hours = max(pred * 12, 30.0) / 3600.0
-    r = Simulator(m, FixedLayout(lay, tp), None, hours=hours, rollout_only=True, max_batched_tokens=max_batched_tokens).run()
+    r = Simulator(m, FixedLayout(lay, tp), None, hours=hours, rollout_only=True).run()
     return float(np.mean(r.batch_times_s)), float(pred)
 
 
