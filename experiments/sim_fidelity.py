@@ -81,19 +81,22 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/sim_fidelity.json"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from models.config import load_experiment
+    from models.config import ConfigError, load_experiment
     from runtime.jsonout import print_json
 
     measured_path = Path(args.measured)
     if measured_path.exists():
         experiment, points = measured_points(measured_path)
-        config = ROOT / experiment if not Path(experiment).is_absolute() else Path(experiment)
+        config = ROOT / experiment  # an absolute path stays as it is
         source = str(measured_path.relative_to(ROOT)) if measured_path.is_relative_to(ROOT) else str(measured_path)
     else:
         config, source = Path(args.config), "grid (no real measurements found)"
         points = [(mode, lay, int(b), float(e), None, None) for mode, lay in (("colocated", "2C"), ("disaggregated", "1P1D"))
                   for b in args.batches.split(",") for e in args.env.split(",")]
-    spec = load_experiment(str(config))
+    try:
+        spec = load_experiment(str(config))
+    except ConfigError as e:  # e.g. a measurement file naming an experiment this checkout lacks
+        raise SystemExit(f"sim_fidelity: {e}") from None
     rows = []
     for mode, layout, b, e, meas, validated in points:
         sim, pred = replay(spec, layout, b, e)
@@ -129,10 +132,11 @@ def main() -> None:
         t.add_row(r["layout"], str(r["batch"]), f"{r['env_s']:g}", str(r.get("measured_s", "-")), f"{r['simulated_s']:.3f}", f"{r['predicted_s']:.3f}",
                   f"{r['sim_vs_measured_pct']:+.1f}" if "sim_vs_measured_pct" in r else "-",
                   f"{r['predictor_vs_measured_pct']:+.1f}" if "predictor_vs_measured_pct" in r else "-", f"{r['sim_vs_predictor_pct']:+.1f}")
-    table_console().print(t)
+    con = table_console()
+    con.print(t)
     vs_measured = (f"simulator vs measured {out['mape_sim_vs_measured_pct']}%, predictor vs measured {out['mape_predictor_vs_measured_pct']}%, "
                    if out["mape_sim_vs_measured_pct"] is not None else "")
-    table_console().print(f"mean |error|: {vs_measured}simulator vs predictor {out['mape_sim_vs_predictor_pct']}% (target <= 10%)")
+    con.print(f"mean |error|: {vs_measured}simulator vs predictor {out['mape_sim_vs_predictor_pct']}% (target <= 10%)")
 
 
 if __name__ == "__main__":

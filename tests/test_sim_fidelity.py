@@ -45,3 +45,13 @@ def test_a_file_that_is_not_a_validation_is_one_clear_error(tmp_path: Path) -> N
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "'modes'" in lines[0], res.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_validation_naming_a_missing_experiment_is_one_clear_error(tmp_path: Path) -> None:
+    data = json.loads(MEASURED.read_text())
+    data["experiment"] = "configs/experiments/no-such-experiment.yaml"
+    bad = tmp_path / "validation.json"
+    bad.write_text(json.dumps(data))
+    res = _run("--measured", str(bad), "--out", str(tmp_path / "out.json"))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0 and len(lines) == 1 and "no-such-experiment.yaml" in lines[0], res.stderr

@@ -72,9 +72,10 @@ def _print_targets(rep: dict) -> None:
         t.add_column(c)
     for name, r in rep["targets"].items():
         t.add_row(name, f"{r['target']:g}", f"{r['model']:.4g}", f"{r['residual_pct']:+.1f}%", r["evaluated_by"], f"{r.get('predictor', r['model']):.4g}")
-    table_console().print(t)
-    table_console().print("candidates (rms error of the predictor fit): " + ", ".join(f"{k} {v['rms_pct']:.1f}%" for k, v in rep["candidates"].items()))
-    table_console().print("parameters: " + ", ".join(f"{k} = {v:g}" for k, v in rep["parameters"].items()))
+    con = table_console()
+    con.print(t)
+    con.print("candidates (rms error of the predictor fit): " + ", ".join(f"{k} {v['rms_pct']:.1f}%" for k, v in rep["candidates"].items()))
+    con.print("parameters: " + ", ".join(f"{k} = {v:g}" for k, v in rep["parameters"].items()))
 
 
 def _print_log_fit(fit, out: Path) -> None:
@@ -86,6 +87,7 @@ def _print_log_fit(fit, out: Path) -> None:
         t.add_column(c)
     for f in fit.fields:
         t.add_row(f.name, str(f.samples), f"{f.observed.mean:.4g}", f"{f.fitted.mean:.4g}", f"{f.observed.p90:.4g}", f"{f.fitted.p90:.4g}", f.note)
-    table_console().print(t)
+    con = table_console()
+    con.print(t)
     if fit.assumed:
-        table_console().print("not in the logs (from the base workload or defaults): " + ", ".join(fit.assumed))
+        con.print("not in the logs (from the base workload or defaults): " + ", ".join(fit.assumed))

@@ -149,7 +149,8 @@ def fit(
     for kind in report.train_mape:
         noise = report.repeat_noise[kind]
         t.add_row(kind, str(report.n_train[kind]), f"{report.train_mape[kind]:.2f}", str(report.n_holdout[kind]), f"{report.holdout_mape[kind]:.2f}", f"{noise:.2f}" if noise else "not recorded")
-    table_console().print(t)
+    con = table_console()
+    con.print(t)
     for kind, why in prof.fit.get("skipped", {}).items():
-        table_console().print(f"{kind} samples: {why}")
-    table_console().print(f"wrote {out}")
+        con.print(f"{kind} samples: {why}")
+    con.print(f"wrote {out}")

@@ -69,7 +69,8 @@ def predict(
     t.add_row("colocated", f"{n_col} x TP{m.tp_colocated}", _seconds(col.completion_s, col_why), col_why or f"mean decode concurrency {col.mean_concurrency:.1f}/instance; profile {out['colocated']['profile']}")
     t.add_row("disaggregated", f"{dis.prefill}P{dis.decode}D x TP{m.tp_decode}", _seconds(dis.completion_s, dis_why),
               dis_why or f"prefill path {dis.prefill_path_s:.1f} s, decode path {dis.decode_path_s:.1f} s, + prefill queue {dis.prefill_queue_s:.1f} s; profile {out['disaggregated']['profile']}")
-    table_console().print(t)
+    con = table_console()
+    con.print(t)
     if m.variants:
         k = Table(title="each GPU type alone, at each TP degree (its rollout and elastic GPUs; the mixed layout is `pearl plan`'s)")
         for col_name in ("GPU type", "GPUs", "TP", "colocated (s)", "best P:D (s)"):
@@ -77,14 +78,14 @@ def predict(
         for row in out["by_kind"]:
             dis_s = "-" if row["disaggregated_s"] is None else f"{row['disaggregated_s']:.1f} ({row['prefill']}P{row['decode']}D)"
             k.add_row(row["gpu_type"], str(row["gpus"]), str(row["tp"]), "-" if row["colocated_s"] is None else f"{row['colocated_s']:.1f}", dis_s)
-        table_console().print(k)
+        con.print(k)
     if best is None:
-        table_console().print("best: [bold]none[/bold] (no mode is feasible)")
+        con.print("best: [bold]none[/bold] (no mode is feasible)")
         return
     other = dis.completion_s if best == "colocated" else col.completion_s
     mine = col.completion_s if best == "colocated" else dis.completion_s
     gain = f"{(other - mine) / other * 100:.1f}% faster" if math.isfinite(other) else "the only feasible mode"
-    table_console().print(f"best: [bold]{best}[/bold] ({gain})")
+    con.print(f"best: [bold]{best}[/bold] ({gain})")
 
 
 def by_kind(spec, m) -> list[dict]:
