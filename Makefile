@@ -42,13 +42,15 @@ run: $(STAMP) $(TINY)
 	@mkdir -p results
 	$(PEARL) compare --config $(CONFIG) --hours 2 --plot results/compare.png
 
-# Two passes: the engine-free tests on two xdist workers, then the tests that start real vLLM
-# engines or Ray clusters one at a time (each wants both cores; the 15 slowest are listed).
+# Three passes: the engine-free tests on two xdist workers; the tests that start real vLLM
+# engines or Ray clusters on two workers too, a whole file per worker (a module's cluster or
+# engines serve its tests; about a third of one pass's CPU sat idle while one engine ran
+# alone); last, one at a time, the runs marked `alone`, whose assertions read the wall clock.
 # Exit 5 (nothing selected, e.g. PYTEST_ARGS names one file) is not a failure; any other
 # failing pass fails the target.
 test: $(STAMP) $(TINY)
 	@fail=0; \
-	for pass in "not vllm and not ray|-n 2" "vllm or ray|--durations=15"; do \
+	for pass in "not vllm and not ray|-n 2" "(vllm or ray) and not alone|-n 2 --dist loadfile --durations=10" "alone|"; do \
 	  marks="$${pass%%|*}"; rc=0; \
 	  $(PY) -m pytest -q --timeout=1200 -m "$$marks" $${pass#*|} $(PYTEST_ARGS) || rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests selected by -m '$$marks' (exit 5)"; elif [ $$rc -ne 0 ]; then fail=$$rc; fi; \

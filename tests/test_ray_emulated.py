@@ -3,6 +3,11 @@
 The paper's 32 x H800 cluster (16 training, 4 reserved, 12 elastic; TP2 workers) runs as
 virtual GPUs hosted by one Ray actor; engines follow models.engine on the wall clock (40x
 compressed). Also: `pearl train` CLI errors for bad input.
+
+The runs whose assertions read the wall clock (borrowed GPUs back before training, the
+per-type speeds the tracker learns) are marked `alone`: make test runs them after the others,
+one at a time. Beside another engine test on two cores, the tracker learned 1.19 for a true
+2.0 (2026-12-05): host overhead, the same for both types, filled the busy times it compares.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.ray
+@pytest.mark.alone
 def test_emulated_32_virtual_gpus_planner_in_the_loop(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_pearl("train", "--config", "configs/experiments/train-emulated-32.yaml", "--backend", "emulated", "--steps", "3", "--metrics", str(metrics), "--json", timeout=400)
@@ -148,6 +154,7 @@ def test_a_worker_under_way_is_not_started_again(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.alone
 def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trace(tmp_path):
     """A mixed cluster on the Ray runtime (issue 15): H800, spot H20 and spot A100, TP 1/2/4 per
     role. The runtime starts each engine at the TP degree and GPU type the plan gave it (its
@@ -188,6 +195,7 @@ def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trac
 
 
 @pytest.mark.ray
+@pytest.mark.alone
 def test_the_tracker_learns_a_slow_gpu_types_speed_from_its_engines(tmp_path):
     """A mixed cluster whose H20 engines run twice as slow as their profile says
     (`runtime.emulated_slowdown`; the planner starts from the profiles). One batch time cannot
