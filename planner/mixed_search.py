@@ -162,6 +162,7 @@ class GroupPrices:
     slot_price: np.ndarray  # per GPU: a start, or a switch where a stop pairs with it (never on a fresh group)
     first: np.ndarray = field(compare=False)  # per group that has slots: its first slot
     pairs: tuple[np.ndarray, np.ndarray] = field(compare=False)  # every two slots (i < j) of one group
+    slots_of: dict[tuple[int, tuple[str, int]], tuple[int, ...]] = field(compare=False)  # per (role, kind): its slots
 
     @classmethod
     def of(cls, p: MixedProblem) -> GroupPrices:
@@ -176,8 +177,12 @@ class GroupPrices:
         first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.size else np.zeros(0, dtype=np.int64)
         i, j = np.triu_indices(group.size, 1)
         same = group[i] == group[j]
+        slots_of: dict[tuple[int, tuple[str, int]], list[int]] = {}
+        for s, key in enumerate(zip(sr, sk)):
+            slots_of.setdefault(key, []).append(s)
         return cls(np.array(cap, dtype=float), group, np.array(sr, dtype=np.int64), np.array(st, dtype=float),
-                   np.array(so, dtype=float), tuple(sk), np.array(sp, dtype=float), first, (i[same], j[same]))
+                   np.array(so, dtype=float), tuple(sk), np.array(sp, dtype=float), first, (i[same], j[same]),
+                   {key: tuple(v) for key, v in slots_of.items()})
 
 
 def _slot_rates(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
@@ -299,7 +304,7 @@ def _coverable_along(gp: GroupPrices, sp: Space) -> np.ndarray:
             if kt.k.size == 0:
                 continue
             k = np.where((by_t > 0) & (by_q[0] > 0), np.maximum(by_t, by_q[0]), 0) if by_t is not None else _fewest_grid(kt, sp.ts, sp.qs[j][:1])[:, 0]
-            for i in np.flatnonzero((gp.slot_role == r) & np.array([sk == kt.kind for sk in gp.slot_kind], dtype=bool)):
+            for i in gp.slots_of.get((r, kt.kind), ()):
                 share = np.where(k > 0, 1.0 / (np.maximum(k, 1) * gp.slot_tp[i]), 0.0)
                 v[j, gp.slot_group[i]] = np.maximum(v[j, gp.slot_group[i]], share)
     cap = gp.cap[:, None]
@@ -308,10 +313,8 @@ def _coverable_along(gp: GroupPrices, sp: Space) -> np.ndarray:
     vp, vd = v
     with np.errstate(divide="ignore", invalid="ignore"):
         cross = np.where(vp + vd > 0, vd / (vp + vd), 0.0)
-    ok = np.ones(sp.ts.size, dtype=bool)
-    for a in [np.zeros(sp.ts.size), np.ones(sp.ts.size), *cross]:
-        ok &= (cap * np.maximum(a * vp, (1 - a) * vd)).sum(axis=0) >= 1.0 - 1e-12
-    return ok
+    a = np.concatenate([np.zeros((1, sp.ts.size)), np.ones((1, sp.ts.size)), cross])[:, None, :]  # (a values, 1, T)
+    return ((cap[None] * np.maximum(a * vp[None], (1 - a) * vd[None])).sum(axis=1) >= 1.0 - 1e-12).all(axis=0)
 
 
 def _inner_model(p: MixedProblem, roles: tuple[int, ...], kvec: dict[int, dict], exact: bool = True) -> LinearModel:

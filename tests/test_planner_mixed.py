@@ -462,19 +462,37 @@ def test_first_true_finds_where_a_monotone_test_starts_to_hold() -> None:
                 assert max(asked) <= ways
 
 
+def _rates_by_definition(p, r: int, ts: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Per group: (usable GPUs, the most units per GPU role r's kinds there carry at each t in `ts`), kind by kind and slot by slot."""
+    rk = p.roles[r]
+    index = rk.index()
+    per_kind = {kt.kind: np.where((k := kt.fewest_by_t(ts)) > 0, rk.units / np.maximum(k, 1), 0.0) for kt in rk.kinds}
+    out = []
+    for g in p.groups:
+        rate = np.zeros(ts.size)
+        for i, (ro, t) in enumerate(g.slots):
+            if ro == r and g.ub(i) and (g.gpu_type, t) in index:
+                rate = np.maximum(rate, per_kind[(g.gpu_type, t)] / t)
+        out.append((g.total_cap, rate))
+    return out
+
+
 def test_floors_and_search_grids_start_at_the_first_covering_time() -> None:
     """The T floors (entry pruning) and each mode's grid start (`_space`) are found by a few
     rounds of `first_true`: they must be the first entry time that covers, as checking every
     entry time finds it."""
-    from planner.mixed import _floors, _gpu_rates
+    from planner.mixed import _floors, _GroupRates
     from planner.mixed_search import GroupPrices, Space, _coverable_along, _modes, _space
 
     checked = 0
     for state, inputs, _ in cases():
         p = build_mixed_problem(state, inputs, 0.0, prune=False)
         cands = np.unique(np.concatenate([kt.t for rk in p.roles for kt in rk.kinds] + [np.zeros(1, dtype=np.int64)]))
-        col = sum(cap * rate for cap, rate in _gpu_rates(p, 0, cands)) >= p.roles[0].units
-        best = [np.max(np.stack([rate for _, rate in _gpu_rates(p, r, cands)]), axis=0) for r in (1, 2)]
+        rates = [_rates_by_definition(p, r, cands) for r in range(3)]
+        for r in range(3):  # the floors' batched rates are these, to the last bit
+            assert np.array_equal(_GroupRates(p, r, int(cands[-1]))(cands), np.stack([rate for _, rate in rates[r]]).reshape(len(p.groups), -1)), r
+        col = sum(cap * rate for cap, rate in rates[0]) >= p.roles[0].units
+        best = [np.max(np.stack([rate for _, rate in rates[r]]), axis=0) for r in (1, 2)]
         with np.errstate(divide="ignore"):
             pd = p.roles[1].units / best[0] + p.roles[2].units / best[1] <= sum(g.total_cap for g in p.groups)
         first = [int(cands[np.argmax(ok)]) if ok.any() else int(cands[-1]) for ok in (col, pd)]
