@@ -503,6 +503,13 @@ def _floors(p: MixedProblem) -> tuple[int, int, int]:
     Coverage only grows with T and changes only at entry times, so the smallest such T is the
     smallest whole ms that covers (`first_true` over [0, the largest t]: 4-5 rounds of 64
     points, where every entry time at 4096 GPUs, 28k of them, took 13 ms per decision)."""
+    col, pd, top = _path_floors(p)
+    return (top if col is None else col), (top if pd is None else pd), (top if pd is None else pd)
+
+
+def _path_floors(p: MixedProblem) -> tuple[int | None, int | None, int]:
+    """`_floors`' colocated and prefill/decode floors, None where no T covers the batch, and the
+    largest entry time."""
     units = [rk.units for rk in p.roles]
     total = sum(g.total_cap for g in p.groups)
     top = int(max((int(kt.t.max()) for rk in p.roles for kt in rk.kinds if kt.t.size), default=0))
@@ -520,8 +527,18 @@ def _floors(p: MixedProblem) -> tuple[int, int, int]:
         with np.errstate(divide="ignore"):
             return units[1] / best[0] + units[2] / best[1] <= total
 
-    col, pd = first_true(colocated, top + 1), first_true(split, top + 1)
-    return (top if col is None else col), (top if pd is None else pd), (top if pd is None else pd)
+    return first_true(colocated, top + 1), first_true(split, top + 1), top
+
+
+def batch_completion_floor_ms(p: MixedProblem) -> int | None:
+    """A lower bound on the fresh-batch completion (`batch_completion_ms`) of every layout of `p`
+    in a mode it allows: the paths' floors on the fresh tables (a colocated layout completes in
+    T + Q with T at least its floor; a disaggregated one in max(T_P, T_D) + Q_P + Q_D, and at
+    that max both roles are covered on GPUs that add up, so it is at least theirs). None where
+    no allowed mode covers the batch even fractionally. Costs one `_floors`, no search."""
+    col, pd, _ = _path_floors(replace(p, roles=p.batch_roles))
+    floors = [f for f, on in ((col, "colocated" in p.modes and p.fixed_pd is None), (pd, "disaggregated" in p.modes)) if on and f is not None]
+    return min(floors) if floors else None
 
 
 def first_true(ok: Callable[[np.ndarray], np.ndarray], n: int, ways: int = 64) -> int | None:

@@ -24,7 +24,8 @@ from models.predictor import best_split
 from planner.decision import Decision, SolverProof
 from planner.inputs import PlanningInputs
 from planner.milp import Options, borrow_window_open, remaining_fraction
-from planner.solve import build_any, current_x, decision_for, evaluate_any, solve_step
+from planner.mixed import MixedProblem, batch_completion_floor_ms
+from planner.solve import build_any, current_x, decision_for, evaluate_any, first_mixed_problem, solve_step
 from planner.state import ClusterState
 from planner.transition import TransitionPlan, build_plan
 
@@ -42,6 +43,24 @@ class Step:
 class Policy(Protocol):
     name: str
 
+    def _dedicated_floor_s(self, state: ClusterState, inputs: PlanningInputs, now_s: float, t_full_s: float, toggle_s: float) -> tuple[float | None, MixedProblem]:
+        """On a mixed cluster: a floor on T_ded (`mixed.batch_completion_floor_ms` of the program
+        without borrowing) where it alone makes Eq. 7 lend, else None; and that program, built
+        once for the solve that then needs it.
+
+        Why: the loan's benefit only grows with T_ded, so a floor past the toggle settles the
+        gate, and the dedicated optimum (the slower search: fewer GPUs, tighter layouts; ~1 s of
+        the 256-GPU bench walk's slowest decision) is never used. The decision is the one the
+        solved T_ded gives; its extras report the floor, `t_dedicated_bound: true`."""
+        dedicated = first_mixed_problem(state, inputs, now_s, self.options(state, inputs, borrow=False))
+        floor_ms = batch_completion_floor_ms(dedicated)
+        if floor_ms is None:  # nothing covers without the loan: the solve says why, as before
+            return None, dedicated
+        floor_s = floor_ms / 1000.0
+        if remaining_fraction(state.unfinished_fraction) * (floor_s - t_full_s) > toggle_s + inputs.weights.borrow_threshold_s:
+            return floor_s, dedicated
+        return None, dedicated
+
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step: ...
 
 
@@ -54,8 +73,8 @@ class PlanningError(RuntimeError):
         self.status = status
 
 
-def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None):
-    problem, sol, decision = solve_step(state, inputs, now_s, options, backend)
+def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None, problem: MixedProblem | None = None):
+    problem, sol, decision = solve_step(state, inputs, now_s, options, backend, problem)
     if decision is None:
         fam = sol.infeasible_family or sol.status
         raise PlanningError(f"no feasible rollout configuration ({sol.status}; constraint family: {fam})", sol.status)
@@ -144,12 +163,31 @@ class PearlPolicy:
         keep = replace(decision_for(problem, x_cur, proof), applied=False, reason="solver time limit without a solution: kept the current configuration")
         return Step(keep, build_plan(state, keep, inputs, now_s))
 
+    def _dedicated_floor_s(self, state: ClusterState, inputs: PlanningInputs, now_s: float, t_full_s: float, toggle_s: float) -> tuple[float | None, MixedProblem]:
+        """On a mixed cluster: a floor on T_ded (`mixed.batch_completion_floor_ms` of the program
+        without borrowing) where it alone makes Eq. 7 lend, else None; and that program, built
+        once for the solve that then needs it.
+
+        Why: the loan's benefit only grows with T_ded, so a floor past the toggle settles the
+        gate, and the dedicated optimum (the slower search: fewer GPUs, tighter layouts; ~1 s of
+        the 256-GPU bench walk's slowest decision) is never used. The decision is the one the
+        solved T_ded gives; its extras report the floor, `t_dedicated_bound: true`."""
+        dedicated = first_mixed_problem(state, inputs, now_s, self.options(state, inputs, borrow=False))
+        floor_ms = batch_completion_floor_ms(dedicated)
+        if floor_ms is None:  # nothing covers without the loan: the solve says why, as before
+            return None, dedicated
+        floor_s = floor_ms / 1000.0
+        if remaining_fraction(state.unfinished_fraction) * (floor_s - t_full_s) > toggle_s + inputs.weights.borrow_threshold_s:
+            return floor_s, dedicated
+        return None, dedicated
+
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step:
         can_borrow = self.borrow and borrow_window_open(state, inputs, now_s) and state.usable_count("training") > 0
         extras: dict = {"event": event}
         # the transition weight scales every transition price, the Eq. 7 toggle included: else a
         # heavy weight would make loans (free in the gated objective) cheaper than elastic starts
         toggle = (inputs.costs.lend_s + inputs.costs.return_s) * inputs.weights.transition_weight
+        floor_s = None  # a floor on T_ded that alone makes the loan pay (then T_ded is not solved for)
         try:
             borrowed = self._solve(state, inputs, now_s, borrow=True) if can_borrow else None
             if borrowed is not None and borrowed[2].lent_gpus == 0 and not self.fixed_pd:
@@ -157,8 +195,12 @@ class PearlPolicy:
                 # (same prices on the common assignments): one solve instead of two
                 problem, sol, cand = borrowed
                 t = cand.predicted_completion_s
-                extras.update(t_dedicated_s=t, t_borrow_s=t, borrow_benefit_s=0.0, toggle_s=toggle, borrow=False)
+                extras.update(t_dedicated_s=t, t_dedicated_bound=False, t_borrow_s=t, borrow_benefit_s=0.0, toggle_s=toggle, borrow=False)
                 borrowed = None
+            elif borrowed is not None and self.gate and not self.fixed_pd and inputs.mixed:
+                floor_s, dedicated = self._dedicated_floor_s(state, inputs, now_s, borrowed[2].predicted_completion_s, toggle)
+                if floor_s is None:
+                    problem, sol, cand = _solve_or_raise(state, inputs, now_s, self.options(state, inputs, False), self.backend, dedicated)
             else:
                 problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
         except PlanningError as exc:
@@ -167,10 +209,10 @@ class PearlPolicy:
             return self._keep_on_timeout(state, inputs, now_s, exc)
         if borrowed is not None:
             p_b, s_b, cand_b = borrowed
-            t_ded, t_full = cand.predicted_completion_s, cand_b.predicted_completion_s
+            t_ded, t_full = floor_s if floor_s is not None else cand.predicted_completion_s, cand_b.predicted_completion_s
             benefit = remaining_fraction(state.unfinished_fraction) * (t_ded - t_full)
             ok = benefit > toggle + inputs.weights.borrow_threshold_s if self.gate else cand_b.objective_ms < cand.objective_ms
-            extras.update(t_dedicated_s=t_ded, t_borrow_s=t_full, borrow_benefit_s=benefit, toggle_s=toggle, borrow=bool(ok))
+            extras.update(t_dedicated_s=t_ded, t_dedicated_bound=floor_s is not None, t_borrow_s=t_full, borrow_benefit_s=benefit, toggle_s=toggle, borrow=bool(ok))
             if ok:
                 problem, sol, cand = p_b, s_b, cand_b
         cand = replace(cand, extras=extras)

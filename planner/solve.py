@@ -84,12 +84,14 @@ def proof_of(sol: Solution) -> SolverProof:
     return SolverProof(sol.status, float(sol.objective_ms), float(sol.best_bound_ms), sol.gap, sol.solve_ms, sol.backend)  # type: ignore[arg-type]
 
 
-def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options(), backend: str | None = None) -> tuple[PlanningProblem, Solution, Decision | None]:
-    """Solve the program; on infeasibility say which constraint family causes it."""
+def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options(), backend: str | None = None,
+               problem: MixedProblem | None = None) -> tuple[PlanningProblem, Solution, Decision | None]:
+    """Solve the program; on infeasibility say which constraint family causes it. `problem`: the
+    mixed program of these arguments already built (`first_mixed_problem`), to solve as is."""
     settings = inputs.solver
     be = backend or settings.backend
     if inputs.mixed:
-        return _solve_mixed_step(state, inputs, now_s, options, be)
+        return _solve_mixed_step(state, inputs, now_s, options, be, problem)
     problem = build_problem(state, inputs, now_s, options)
 
     def run(p: PlanningProblem) -> Solution:
@@ -104,7 +106,12 @@ def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, option
     return problem, sol, None
 
 
-def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str):
+def first_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options) -> MixedProblem:
+    """The mixed program a step solves first: nodes that run the same instances folded (below)."""
+    return mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=options.aggregate))
+
+
+def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str, problem: MixedProblem | None = None):
     """solve_step for mixed layouts; infeasibility is diagnosed by relaxing one family at a time."""
     settings = inputs.solver
 
@@ -115,7 +122,7 @@ def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float,
     # nodes that run the same instances folded first (a relaxation: fewer groups, no symmetric
     # layouts to enumerate); its layout stands when it splits back onto the nodes at the price
     # it was charged, else the nodes are solved apart (exact either way: mixed.splits_at_price)
-    problem = mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=options.aggregate))
+    problem = problem or first_mixed_problem(state, inputs, now_s, options)
     sol = run(problem)
     if sol.status in ("optimal", "feasible") and not mixed.splits_at_price(problem, sol.x):
         problem = mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=False))

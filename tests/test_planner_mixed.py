@@ -547,3 +547,72 @@ def test_the_current_layout_is_priced_on_every_entry_whatever_the_pruning_kept()
         assert evaluate_any(p, x) == full
         repriced += evaluate_mixed(p, x) != full
     assert held >= 50 and repriced >= 5, (held, repriced)  # 63 and 7 of the 200 when written
+
+
+def _random_layout(rng: random.Random, p) -> tuple[tuple[int, ...], ...]:
+    """Instances per slot on every group, packed within its GPUs, slots in a random order."""
+    x = []
+    for g in p.groups:
+        v, room = [0] * len(g.slots), g.total_cap
+        for i in rng.sample(range(len(g.slots)), len(g.slots)):
+            v[i] = rng.randint(0, min(g.ub(i), room // g.slots[i][1]))
+            room -= v[i] * g.slots[i][1]
+        x.append(tuple(v))
+    return tuple(x)
+
+
+def test_the_batch_completion_floor_bounds_every_layout() -> None:
+    """`batch_completion_floor_ms` (what lets the borrow gate skip the dedicated search) is at
+    most the fresh-batch completion of every layout in an allowed mode, and None only where no
+    layout has one; on each case's optimum and on 60 random layouts (with single-role ones)."""
+    from planner.mixed import batch_completion_floor_ms, batch_completion_ms
+
+    rng = random.Random(7)
+    checked = tight = 0
+    for state, inputs, _ in cases():
+        for borrow in (False, True):
+            p = build_mixed_problem(state, inputs, 0.0, Options(allow_borrow=borrow))
+            floor = batch_completion_floor_ms(p)
+            sol = solve_mixed(p, "cbc", time_limit_s=10.0)
+            layouts = [sol.x] if sol.status == "optimal" else []
+            for _ in range(60):
+                x = _random_layout(rng, p)
+                layouts += [x, tuple(tuple(n if r == 0 else 0 for (r, _), n in zip(g.slots, v)) for g, v in zip(p.groups, x)),
+                            tuple(tuple(0 if r == 0 else n for (r, _), n in zip(g.slots, v)) for g, v in zip(p.groups, x))]
+            for x in layouts:
+                t = batch_completion_ms(p, x)
+                if t is None:
+                    continue
+                assert floor is not None and floor <= t, (floor, t, x)
+                checked += 1
+                tight += floor == t
+    assert checked >= 3000 and tight >= 1, (checked, tight)
+
+
+def test_a_floor_that_settles_the_borrow_gate_gives_the_solved_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the floor on T_ded alone makes the loan pay, PEARL skips the dedicated search: the
+    decision (mode, targets, objective, gate) is the one solving T_ded gives, the floor is at
+    most the solved T_ded, and the extras say it is a bound."""
+    from planner import policies
+
+    pol = policies.get_policy("pearl", "cbc")  # one deterministic solver: the same optimum of ties both times
+    settled = 0
+    for state, inputs, _ in cases()[:120]:
+        for unfinished in (1.0, 0.3):
+            st = replace(state, trainer=TrainerPhase("waiting", 1000.0), unfinished_fraction=unfinished)
+            try:
+                fast = pol.decide(st, inputs, 0.0)
+            except policies.PlanningError:
+                continue
+            with monkeypatch.context() as m:
+                m.setattr(policies, "batch_completion_floor_ms", lambda p: None)
+                solved = pol.decide(st, inputs, 0.0)
+            a, b = fast.decision, solved.decision
+            assert (a.mode, a.targets, a.objective_ms, a.applied, a.reason) == (b.mode, b.targets, b.objective_ms, b.applied, b.reason)
+            assert b.extras.get("t_dedicated_bound") in (None, False)
+            if a.extras.get("t_dedicated_bound"):
+                assert a.extras["borrow"] and b.extras["borrow"] and a.extras["t_dedicated_s"] <= b.extras["t_dedicated_s"] + 1e-9, (a.extras, b.extras)
+                settled += 1
+            else:
+                assert a.extras == b.extras
+    assert settled >= 5, settled

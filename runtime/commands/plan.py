@@ -14,7 +14,7 @@ plan.json schema:
       "event": "initial" | "availability",
       "elastic_gpus": int,               # elastic GPUs available from t_s on (all types)
       "gpu_type": str | null,            # with elastic_traces: the type(s) whose availability changed
-      "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}}, extras (borrow gate: t_dedicated_s, t_borrow_s, borrow_benefit_s, toggle_s, borrow),
+      "decision": {mode, ratio, colocated, prefill, decode, per_node: {node: {role: n}}, extras (borrow gate: t_dedicated_s, t_dedicated_bound, t_borrow_s, borrow_benefit_s, toggle_s, borrow),
                    lent_gpus, predicted_completion_s, transition_cost_s, objective_ms,
                    applied, forced, reason,
                    proof: {status, objective, best_bound, gap, solve_ms, backend, infeasible_family}},
