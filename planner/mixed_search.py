@@ -39,6 +39,7 @@ the time limit did not cut the search.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
@@ -262,14 +263,23 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
     serves = (w > 0).any(axis=0)
     act = np.flatnonzero(serves | (occ > 0))  # the other slots add nothing
     g = sg[act]
-    lead = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])  # per group with such a slot: its first
+    new_group = g[1:] != g[:-1]
+    lead = np.flatnonzero(np.concatenate(([True], new_group)))  # per group with such a slot: its first
     own = a @ w[:, act]  # (candidates, slots): a GPU's value for its slot's role
     gain = np.where(serves[act], np.maximum(own - price[act], 0.0), 0.0)
     bought = np.maximum.reduceat(gain, lead, axis=1)  # (candidates, groups)
-    kept_value = (occ[act] * np.maximum(own, bought[:, np.cumsum(np.r_[False, g[1:] != g[:-1]])])).sum(axis=1)
+    kept_value = (occ[act] * np.maximum(own, bought[:, np.cumsum(np.concatenate(([False], new_group)))])).sum(axis=1)
     free = np.maximum(gp.cap[g[lead]] - np.add.reduceat(occ[act], lead), 0.0)
     dual = a.sum(axis=1) - kept_value - bought @ free
     return max(0.0, float(dual.max()))
+
+
+@functools.lru_cache(maxsize=256)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.triu_indices(n, 1), remembered per n: it builds an n x n mask, a third of `_vertices`' time."""
+    i, j = np.triu_indices(n, 1)
+    i.flags.writeable = j.flags.writeable = False
+    return i, j
 
 
 def _vertices(gp: GroupPrices, w: np.ndarray, live: np.ndarray, kept: np.ndarray, axes: list[np.ndarray]) -> np.ndarray:
@@ -285,7 +295,7 @@ def _vertices(gp: GroupPrices, w: np.ndarray, live: np.ndarray, kept: np.ndarray
         al.append(w[0, sp[use]] / w[1, sd[use]])
         be.append((d_at * price[sd[use]] - p_at * price[sp[use]]) / w[1, sd[use]])
     al, be = np.concatenate(al), np.concatenate(be)
-    i, j = np.triu_indices(al.size, 1)
+    i, j = _pairs(al.size)
     i, j = i[al[i] != al[j]], j[al[i] != al[j]]
     x = (be[j] - be[i]) / (al[i] - al[j])  # two lines cross
     a_p = np.concatenate([np.repeat(ap, ad.size), np.repeat(ap, al.size), ((ad[:, None] - be[None, :]) / al[None, :]).ravel(), x])
