@@ -108,7 +108,9 @@ class PearlPolicy:
       fresh-batch predictions. The toggle (lend + return) is charged once: gated policies
       solve with training-GPU starts priced without it and let Eq. 7 charge it in full;
       without the gate the objective prices it and the lower objective wins. R/B = 0 (the
-      batch is complete) counts as 1: the loan would serve the next, fresh batch.
+      batch is complete) counts as 1: the loan would serve the next, fresh batch. On a mixed
+      cluster a floor on T_ded that alone makes the loan pay settles it without the dedicated
+      search (`_dedicated_floor_s`).
     gate: a new configuration replaces the current one only if its objective (the work left,
       priced as in planner/milp.py, + transition cost per horizon batch) beats the current
       one's by margin x the current one's priced completion (a relative gain of the work left);
