@@ -190,10 +190,10 @@ def _slot_rates(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
     """Per serving role (rows), per slot: the share of a batch one GPU of that slot carries, 1 / (k tp) (0: not this role's, or no entry)."""
     out = np.zeros((len(kvec), gp.slot_group.size))
     for j, (r, ks) in enumerate(kvec.items()):
-        for i in np.flatnonzero(gp.slot_role == r):
-            k = ks.get(gp.slot_kind[i], 0)
+        for kind, k in ks.items():
             if k > 0:
-                out[j, i] = 1.0 / (k * gp.slot_tp[i])
+                for i in gp.slots_of.get((r, kind), ()):
+                    out[j, i] = 1.0 / (k * gp.slot_tp[i])
     return out
 
 
