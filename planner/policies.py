@@ -43,24 +43,6 @@ class Step:
 class Policy(Protocol):
     name: str
 
-    def _dedicated_floor_s(self, state: ClusterState, inputs: PlanningInputs, now_s: float, t_full_s: float, toggle_s: float) -> tuple[float | None, MixedProblem]:
-        """On a mixed cluster: a floor on T_ded (`mixed.batch_completion_floor_ms` of the program
-        without borrowing) where it alone makes Eq. 7 lend, else None; and that program, built
-        once for the solve that then needs it.
-
-        Why: the loan's benefit only grows with T_ded, so a floor past the toggle settles the
-        gate, and the dedicated optimum (the slower search: fewer GPUs, tighter layouts; ~1 s of
-        the 256-GPU bench walk's slowest decision) is never used. The decision is the one the
-        solved T_ded gives; its extras report the floor, `t_dedicated_bound: true`."""
-        dedicated = first_mixed_problem(state, inputs, now_s, self.options(state, inputs, borrow=False))
-        floor_ms = batch_completion_floor_ms(dedicated)
-        if floor_ms is None:  # nothing covers without the loan: the solve says why, as before
-            return None, dedicated
-        floor_s = floor_ms / 1000.0
-        if remaining_fraction(state.unfinished_fraction) * (floor_s - t_full_s) > toggle_s + inputs.weights.borrow_threshold_s:
-            return floor_s, dedicated
-        return None, dedicated
-
     def decide(self, state: ClusterState, inputs: PlanningInputs, now_s: float, event: str = "availability") -> Step: ...
 
 
@@ -73,8 +55,8 @@ class PlanningError(RuntimeError):
         self.status = status
 
 
-def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None, problem: MixedProblem | None = None):
-    problem, sol, decision = solve_step(state, inputs, now_s, options, backend, problem)
+def _solve_or_raise(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str | None, built: MixedProblem | None = None):
+    problem, sol, decision = solve_step(state, inputs, now_s, options, backend, built)
     if decision is None:
         fam = sol.infeasible_family or sol.status
         raise PlanningError(f"no feasible rollout configuration ({sol.status}; constraint family: {fam})", sol.status)

@@ -85,13 +85,13 @@ def proof_of(sol: Solution) -> SolverProof:
 
 
 def solve_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options = Options(), backend: str | None = None,
-               problem: MixedProblem | None = None) -> tuple[PlanningProblem, Solution, Decision | None]:
-    """Solve the program; on infeasibility say which constraint family causes it. `problem`: the
+               built: MixedProblem | None = None) -> tuple[PlanningProblem, Solution, Decision | None]:
+    """Solve the program; on infeasibility say which constraint family causes it. `built`: the
     mixed program of these arguments already built (`first_mixed_problem`), to solve as is."""
     settings = inputs.solver
     be = backend or settings.backend
     if inputs.mixed:
-        return _solve_mixed_step(state, inputs, now_s, options, be, problem)
+        return _solve_mixed_step(state, inputs, now_s, options, be, built)
     problem = build_problem(state, inputs, now_s, options)
 
     def run(p: PlanningProblem) -> Solution:
@@ -111,7 +111,7 @@ def first_mixed_problem(state: ClusterState, inputs: PlanningInputs, now_s: floa
     return mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=options.aggregate))
 
 
-def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str, problem: MixedProblem | None = None):
+def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, backend: str, built: MixedProblem | None = None):
     """solve_step for mixed layouts; infeasibility is diagnosed by relaxing one family at a time."""
     settings = inputs.solver
 
@@ -122,7 +122,7 @@ def _solve_mixed_step(state: ClusterState, inputs: PlanningInputs, now_s: float,
     # nodes that run the same instances folded first (a relaxation: fewer groups, no symmetric
     # layouts to enumerate); its layout stands when it splits back onto the nodes at the price
     # it was charged, else the nodes are solved apart (exact either way: mixed.splits_at_price)
-    problem = problem or first_mixed_problem(state, inputs, now_s, options)
+    problem = built if built is not None else first_mixed_problem(state, inputs, now_s, options)
     sol = run(problem)
     if sol.status in ("optimal", "feasible") and not mixed.splits_at_price(problem, sol.x):
         problem = mixed.build_mixed_problem(state, inputs, now_s, replace(options, fold_running=False))
