@@ -379,9 +379,11 @@ class SolverSpec(Frozen):
     # a decision is "optimal" once proven within this share of its objective: 0 proves the exact
     # optimum; 0.01 lets a 4096-GPU mixed decision stop ~8x sooner (README, "What a looser proof buys")
     relative_gap: Annotated[float, Range(0, 0.5)] = 0.0
-    # the mixed search's exact-units corner programs (the few hard ones) run on this backend, one
-    # worker; null: on `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all
-    # (README, "Mixed GPU types and TP degrees"), CBC the many easy relaxed ones 1.4x faster
+    # the mixed search's exact-units corner programs run on this backend, one worker; null: on
+    # `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all (README, "Mixed GPU
+    # types and TP degrees"); on CP-SAT the search solves them at every corner and no relaxed
+    # program at all (30% less search time at 256 GPUs); another exact backend gets them only
+    # where a relaxed program on `backend` leaves a corner open
     exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
     # single-type programs whose groups are plain instance slots (one TP degree, roles priced
     # alike) solved by pricing every table entry directly: exact, ~1 ms where the MILP takes

@@ -64,10 +64,13 @@ def test_every_backend_matches_brute_force_on_mixed_instances(backend: str) -> N
     assert feasible >= 100, feasible
 
 
-def test_the_default_split_of_programs_matches_brute_force(monkeypatch: pytest.MonkeyPatch) -> None:
-    """By default the search solves its relaxed corner programs on `solver.backend` (CBC) and
-    its exact-units ones on `solver.exact_backend` (CP-SAT, one worker): the optimum must not
-    depend on which solver proves which, and CP-SAT must really get the exact programs."""
+@pytest.mark.parametrize("exact_backend", ["cpsat", "highspy"])
+def test_the_split_of_programs_matches_brute_force(monkeypatch: pytest.MonkeyPatch, exact_backend: str) -> None:
+    """With `solver.backend` CBC: where the exact-units programs go to CP-SAT (the default
+    `solver.exact_backend`), the search solves only those, every one there on one worker;
+    elsewhere (HiGHS here) the relaxed programs on CBC first, the exact ones on the exact
+    backend. The optimum must not depend on which solver proves which, and each must really
+    get its programs."""
     from planner import mixed_search
 
     routed: list[tuple[str, int]] = []
@@ -78,13 +81,13 @@ def test_the_default_split_of_programs_matches_brute_force(monkeypatch: pytest.M
         return solve(lm, backend, *args)
 
     monkeypatch.setattr(mixed_search, "solve_model", spy)
-    exact_backend = SolverSettings().exact_backend
+    assert SolverSettings().exact_backend == "cpsat"
     for i, (state, inputs, want) in enumerate(cases()):
         problem = build_mixed_problem(state, inputs, 0.0)
         sol = solve_mixed(problem, "cbc", time_limit_s=10.0, exact_backend=exact_backend)
-        assert_matches_oracle(i, "cbc + exact on cpsat", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
-    assert exact_backend == "cpsat" and ("cpsat", 1) in routed and ("cbc", 8) in routed
-    assert {b for b, _ in routed} == {"cbc", "cpsat"}, set(routed)
+        assert_matches_oracle(i, f"cbc + exact on {exact_backend}", sol, want, evaluate_mixed(problem, sol.x) if sol.status == "optimal" else None)
+    want_routes = {("cpsat", 1)} if exact_backend == "cpsat" else {("cbc", 8), (exact_backend, 1)}
+    assert set(routed) == want_routes, set(routed)
 
 
 def test_threshold_search_equals_the_one_hot_program() -> None:
