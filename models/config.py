@@ -382,7 +382,7 @@ class SolverSpec(Frozen):
     # the mixed search's exact-units corner programs run on this backend, one worker; null: on
     # `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all (README, "Mixed GPU
     # types and TP degrees"); on CP-SAT the search solves them at every corner and no relaxed
-    # program at all (30% less search time at 256 GPUs); another exact backend gets them only
+    # program at all (30% less search time on 256-GPU bench searches); another exact backend gets them only
     # where a relaxed program on `backend` leaves a corner open
     exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
     # single-type programs whose groups are plain instance slots (one TP degree, roles priced
