@@ -382,8 +382,9 @@ class SolverSpec(Frozen):
     # the mixed search's exact-units corner programs run on this backend, one worker; null: on
     # `backend` like the rest. CP-SAT proved them 2-4x faster than CBC in all (README, "Mixed GPU
     # types and TP degrees"); on CP-SAT the search solves them at every corner and no relaxed
-    # program at all (30% less search time on 256-GPU bench searches); another exact backend gets them only
-    # where a relaxed program on `backend` leaves a corner open
+    # program at all (25% less search time on the 20-event 256-GPU bench walk, 20% more on the
+    # 6-event one); another exact backend gets them only where a relaxed program on `backend`
+    # leaves a corner open
     exact_backend: Literal["cpsat", "highs", "highspy", "cbc", "scip", "pulp"] | None = "cpsat"
     # single-type programs whose groups are plain instance slots (one TP degree, roles priced
     # alike) solved by pricing every table entry directly: exact, ~1 ms where the MILP takes

@@ -449,9 +449,10 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     exact program at every corner instead, never the relaxed one (`relaxed_first` False): CP-SAT
     proves it about as fast as CBC proves the relaxed one, and its optimum is the corner's
     exact cost, so no corner needs a second program and a box's bound is the cost itself. On 50
-    recorded searches of two 256-GPU walks (2026-12-05): 4.6 s in all instead of 6.6, the
-    slowest 0.38 s instead of 1.08, the same optima (on those of a 6-event walk: the same time);
-    everything on CBC that way took 16.5 s.
+    recorded searches of two 256-GPU walks (2026-12-05): 4.6-5.0 s in all instead of 6.6-6.8,
+    the slowest 0.38-0.44 s instead of 1.06-1.08, the same optima; on a 6-event walk's 6 it
+    cost more (1.7 s instead of 1.3-1.5), at 4096 GPUs about the same. Everything on CBC that
+    way took 16.5 s.
 
     gap > 0: a box goes once its bound reaches (1 - gap) x the incumbent, so the layout found is
     proven within the relative gap (its objective x (1 - gap) bounds the optimum from below).
