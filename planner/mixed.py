@@ -447,12 +447,13 @@ def _best_seed(p: MixedProblem, colocated_floor: int = 0) -> tuple[tuple[tuple[i
     for x in seed_layouts(p):
         if not any(any(c) for c in x):
             continue
-        if best is not None and all(n == 0 or r == 0 for g, v in zip(p.groups, x) for (r, _), n in zip(g.slots, v)):
-            if colocated_floor + sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms > best[1]:
-                continue
-        value = evaluate_mixed(p, x)
-        if value is not None and (best is None or value < best[1]):
-            best = (x, value)
+        moves = sum(group_transition_ms(g, v) for g, v in zip(p.groups, x)) + p.constant_ms
+        colocated = all(n == 0 or r == 0 for g, v in zip(p.groups, x) for (r, _), n in zip(g.slots, v))
+        if best is not None and colocated and colocated_floor + moves > best[1]:
+            continue
+        t = _feasible_completion(p, x)  # `evaluate_mixed`, its transition cost already summed
+        if t is not None and (best is None or t + moves < best[1]):
+            best = (x, t + moves)
     return best
 
 
@@ -537,8 +538,19 @@ def batch_completion_floor_ms(p: MixedProblem) -> int | None:
     that max both roles are covered on GPUs that add up, so it is at least theirs). None where
     no allowed mode covers the batch even fractionally. Costs one `_floors`, no search."""
     col, pd, _ = _path_floors(replace(p, roles=p.batch_roles))
-    floors = [f for f, on in ((col, "colocated" in p.modes and p.fixed_pd is None), (pd, "disaggregated" in p.modes)) if on and f is not None]
+    modes = allowed_modes(p)
+    floors = [f for f, mode in ((col, "colocated"), (pd, "disaggregated")) if mode in modes and f is not None]
     return min(floors) if floors else None
+
+
+def allowed_modes(p: MixedProblem) -> list[str]:
+    """The serving modes a layout of `p` may take: colocated only without a fixed P:D."""
+    out = []
+    if "colocated" in p.modes and p.fixed_pd is None:
+        out.append("colocated")
+    if "disaggregated" in p.modes:
+        out.append("disaggregated")
+    return out
 
 
 def first_true(ok: Callable[[np.ndarray], np.ndarray], n: int, ways: int = 64) -> int | None:

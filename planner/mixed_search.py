@@ -51,7 +51,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
-from planner.mixed import KindTable, MixedProblem, add_group, completion_ms, evaluate_mixed, first_true, seed_layouts
+from planner.mixed import KindTable, MixedProblem, add_group, allowed_modes, completion_ms, evaluate_mixed, first_true, seed_layouts
 
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
@@ -161,7 +161,6 @@ class GroupPrices:
     slot_role: np.ndarray
     slot_tp: np.ndarray
     slot_occ: np.ndarray
-    slot_kind: tuple[tuple[str, int], ...]
     slot_price: np.ndarray  # per GPU: a start, or a switch where a stop pairs with it (never on a fresh group)
     first: np.ndarray = field(compare=False)  # per group that has slots: its first slot
     pairs: tuple[np.ndarray, np.ndarray] = field(compare=False)  # every two slots (i < j) of one group
@@ -184,7 +183,7 @@ class GroupPrices:
         for s, key in enumerate(zip(sr, sk)):
             slots_of.setdefault(key, []).append(s)
         return cls(np.array(cap, dtype=float), group, np.array(sr, dtype=np.int64), np.array(st, dtype=float),
-                   np.array(so, dtype=float), tuple(sk), np.array(sp, dtype=float), first, (i[same], j[same]),
+                   np.array(so, dtype=float), np.array(sp, dtype=float), first, (i[same], j[same]),
                    {key: tuple(v) for key, v in slots_of.items()})
 
 
@@ -371,15 +370,6 @@ def _inner_model(p: MixedProblem, roles: tuple[int, ...], kvec: dict[int, dict],
     return lm
 
 
-def _modes(p: MixedProblem) -> list[str]:
-    out = []
-    if "colocated" in p.modes and p.fixed_pd is None:
-        out.append("colocated")
-    if "disaggregated" in p.modes:
-        out.append("disaggregated")
-    return out
-
-
 @dataclass
 class Corner:
     """What the search knows of one corner's (mode, k-vector) transition cost: `known`, its exact
@@ -472,14 +462,14 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
     gp = GroupPrices.of(p)
     heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
-    for mode in _modes(p):
+    for mode in allowed_modes(p):
         sp = _space(p, mode, inc - p.constant_ms, gp)
         if sp is not None:
             lo, hi = (0,) * (1 + len(sp.roles)), (sp.ts.size - 1, *(q.size - 1 for q in sp.qs))
             heapq.heappush(heap, (sp.value(lo) + p.constant_ms, tie, sp, lo, hi, 0.0))
             tie += 1
     corners: dict = {}  # (mode, k-vector) -> Corner: what is known about its transition cost
-    looser = {mode: Looser() for mode in _modes(p)}  # what corners needing fewer instances teach the others
+    looser = {mode: Looser() for mode in allowed_modes(p)}  # what corners needing fewer instances teach the others
     proven, cut = True, math.inf
     while heap:
         bound, _, sp, lo, hi, floor = heapq.heappop(heap)

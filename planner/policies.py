@@ -147,7 +147,7 @@ class PearlPolicy:
         keep = replace(decision_for(problem, x_cur, proof), applied=False, reason="solver time limit without a solution: kept the current configuration")
         return Step(keep, build_plan(state, keep, inputs, now_s))
 
-    def _dedicated_floor_s(self, state: ClusterState, inputs: PlanningInputs, now_s: float, t_full_s: float, toggle_s: float) -> tuple[float | None, MixedProblem]:
+    def _dedicated_floor_s(self, state: ClusterState, inputs: PlanningInputs, now_s: float, options: Options, t_full_s: float, toggle_s: float) -> tuple[float | None, MixedProblem]:
         """On a mixed cluster: a floor on T_ded (`mixed.batch_completion_floor_ms` of the program
         without borrowing) where it alone makes Eq. 7 lend, else None; and that program, built
         once for the solve that then needs it.
@@ -156,7 +156,7 @@ class PearlPolicy:
         gate, and the dedicated optimum (the slower search: fewer GPUs, tighter layouts; ~1 s of
         the 256-GPU bench walk's slowest decision) is never used. The decision is the one the
         solved T_ded gives; its extras report the floor, `t_dedicated_bound: true`."""
-        dedicated = first_mixed_problem(state, inputs, now_s, self.options(state, inputs, borrow=False))
+        dedicated = first_mixed_problem(state, inputs, now_s, options)
         floor_ms = batch_completion_floor_ms(dedicated)
         if floor_ms is None:  # nothing covers without the loan: the solve says why, as before
             return None, dedicated
@@ -182,9 +182,10 @@ class PearlPolicy:
                 extras.update(t_dedicated_s=t, t_dedicated_bound=False, t_borrow_s=t, borrow_benefit_s=0.0, toggle_s=toggle, borrow=False)
                 borrowed = None
             elif borrowed is not None and self.gate and not self.fixed_pd and inputs.mixed:
-                floor_s, dedicated = self._dedicated_floor_s(state, inputs, now_s, borrowed[2].predicted_completion_s, toggle)
+                opts = self.options(state, inputs, borrow=False)
+                floor_s, dedicated = self._dedicated_floor_s(state, inputs, now_s, opts, borrowed[2].predicted_completion_s, toggle)
                 if floor_s is None:
-                    problem, sol, cand = _solve_or_raise(state, inputs, now_s, self.options(state, inputs, False), self.backend, dedicated)
+                    problem, sol, cand = _solve_or_raise(state, inputs, now_s, opts, self.backend, dedicated)
             else:
                 problem, sol, cand = self._solve(state, inputs, now_s, borrow=False)
         except PlanningError as exc:

@@ -38,12 +38,13 @@ def cases() -> tuple:
 
 def spaces(some: tuple) -> Iterator[tuple]:
     """Per case and serving mode: the problem, its GroupPrices and the mode's threshold grid."""
-    from planner.mixed_search import GroupPrices, _modes, _space
+    from planner.mixed import allowed_modes
+    from planner.mixed_search import GroupPrices, _space
 
     for state, inputs, _ in some:
         problem = build_mixed_problem(state, inputs, 0.0)
         prices = GroupPrices.of(problem)
-        for mode in _modes(problem):
+        for mode in allowed_modes(problem):
             space = _space(problem, mode, math.inf)
             if space is not None:
                 yield problem, prices, space
@@ -485,7 +486,8 @@ def test_floors_and_search_grids_start_at_the_first_covering_time() -> None:
     rounds of `first_true`: they must be the first entry time that covers, as checking every
     entry time finds it."""
     from planner.mixed import _floors, _GroupRates
-    from planner.mixed_search import GroupPrices, Space, _coverable_along, _modes, _space
+    from planner.mixed import allowed_modes
+    from planner.mixed_search import GroupPrices, Space, _coverable_along, _space
 
     checked = 0
     for state, inputs, _ in cases():
@@ -502,7 +504,7 @@ def test_floors_and_search_grids_start_at_the_first_covering_time() -> None:
         assert _floors(p) == (first[0], first[1], first[1])
         pruned = build_mixed_problem(state, inputs, 0.0)
         gp = GroupPrices.of(pruned)
-        for mode in _modes(pruned):
+        for mode in allowed_modes(pruned):
             sp = _space(pruned, mode, math.inf, gp)
             roles = sp.roles if sp is not None else ((0,) if mode == "colocated" else (1, 2))
             ts = np.unique(np.concatenate([kt.t for r in roles for kt in pruned.roles[r].kinds] + [np.zeros(0, dtype=np.int64)]))
