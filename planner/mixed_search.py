@@ -510,7 +510,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
                 if math.isfinite(budget) and lm.obj:
                     lm.row([(v, w) for v, w in lm.obj.items()], -INF, budget)
                 on, threads = (exact_backend, 1) if exact and exact_backend else (backend, workers)
-                raw = solve_model(lm, on, max(deadline - time.perf_counter(), 0.01), threads, seed)
+                raw = solve_model(lm, on, max(deadline - time.perf_counter(), 0.01), threads, seed, small=True)
                 x = None
                 if raw.values is not None:
                     x = tuple(tuple(int(round(raw.values[v])) if v is not None else 0 for v in xs) for xs in lm.x)

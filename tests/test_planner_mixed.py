@@ -77,9 +77,9 @@ def test_the_split_of_programs_matches_brute_force(monkeypatch: pytest.MonkeyPat
     routed: list[tuple[str, int]] = []
     solve = mixed_search.solve_model
 
-    def spy(lm, backend, *args):
+    def spy(lm, backend, *args, **kwargs):
         routed.append((backend, args[1]))
-        return solve(lm, backend, *args)
+        return solve(lm, backend, *args, **kwargs)
 
     monkeypatch.setattr(mixed_search, "solve_model", spy)
     assert SolverSettings().exact_backend == "cpsat"
