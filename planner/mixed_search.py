@@ -59,8 +59,10 @@ from planner.mixed import KindTable, MixedProblem, add_group, allowed_modes, com
 # program at every box, 17 s with this limit; on 8 at 4096 GPUs about even (the fresh first one slower).
 # Re-measured once corners kept what they know (2026-12-02, the same 8 + 8 problems replayed, two
 # runs each, ms in all at 256 / 4096 GPUs): 8: 3479-4029 / 2173-2465; 16: 2659-3171 / 1806-1827;
-# 32: 3140-3242 / 2038-2436; 64: 2672-2946 / 2358-2369; 256: 3987 / 3280
-MILP_BOX = 16
+# 32: 3140-3242 / 2038-2436; 64: 2672-2946 / 2358-2369; 256: 3987 / 3280. Once the CP-SAT programs were
+# written as protos with a light presolve (2026-12-05, 84 recorded searches, ms in all at 256 GPUs (three sets) / 4096):
+# 16: 2018-2053, 1520-1571, 1245-1287 / 103; 32: 1924-1952, 1415-1472, 1120-1146 / 107; 48 and 64 no better
+MILP_BOX = 32
 MODE_ROLES = {"colocated": (0,), "disaggregated": (1, 2)}
 
 
