@@ -167,6 +167,7 @@ class GroupPrices:
     first: np.ndarray = field(compare=False)  # per group that has slots: its first slot
     pairs: tuple[np.ndarray, np.ndarray] = field(compare=False)  # every two slots (i < j) of one group
     slots_of: dict[tuple[int, tuple[str, int]], tuple[int, ...]] = field(compare=False)  # per (role, kind): its slots
+    pieces: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)  # `_role_pieces`, per row of shares
 
     @classmethod
     def of(cls, p: MixedProblem) -> GroupPrices:
@@ -242,22 +243,9 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
             return math.inf
     elif not _coverable_pair(cap, v[0], v[1]):
         return math.inf
-    i, j = gp.pairs
-    kept = w * (occ > 0)[None, :] > 0  # per role, per slot: a kept GPU's piece, a w at no price
-    live = w > 0  # per role, per slot: a started GPU's piece, a w - price, unless beaten in its group
-    for wr, lv in zip(w, live):
-        beats_i = (wr[j] >= wr[i]) & (price[j] <= price[i]) & ((wr[j] > wr[i]) | (price[j] < price[i])) & lv[j]
-        beats_j = (wr[i] >= wr[j]) & (price[i] <= price[j]) & ((wr[i] > wr[j]) | (price[i] < price[j])) & lv[i]
-        lv[i[beats_i]] = False
-        lv[j[beats_j]] = False
-    axes = []
-    for wr, lv, kp in zip(w, live, kept):
-        # where a slot starts to pay (a w = price), two slots tie, or a started slot overtakes a kept one
-        dw = np.where(wr[i] != wr[j], wr[i] - wr[j], np.inf)
-        ties = lv[i] & lv[j]
-        over_i, over_j = lv[i] & kp[j] & (wr[i] > wr[j]), lv[j] & kp[i] & (wr[j] > wr[i])  # a w_i - p_i = a w_j
-        axes.append(np.unique(np.concatenate([np.zeros(1), price[lv] / wr[lv], ((price[i] - price[j]) / dw)[ties],
-                                              (price[i] / dw)[over_i], (-price[j] / dw)[over_j]])))
+    pieces = [_role_pieces(gp, wr) for wr in w]
+    live, kept = np.array([lv for lv, _, _ in pieces]), np.array([kp for _, kp, _ in pieces])
+    axes = [axis for _, _, axis in pieces]
     if w.shape[0] == 1:
         a = axes[0][:, None]
     else:
@@ -275,6 +263,35 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
     free = np.maximum(gp.cap[g[lead]] - np.add.reduceat(occ[act], lead), 0.0)
     dual = a.sum(axis=1) - kept_value - bought @ free
     return max(0.0, float(dual.max()))
+
+
+def _role_pieces(gp: GroupPrices, wr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One serving role's part of `_lp_bound`, from its shares per slot `wr`: per slot, is a
+    started GPU's piece live (a w - price that no other slot of its group beats: at least the
+    share at no higher price) and is a kept GPU's piece there (w at no price); and the role's
+    kink values of a, where a slot starts to pay (a w = price), two live slots tie, or a started
+    slot overtakes a kept one. Remembered per `gp` and row: the corners of one search share a
+    role's row about three times in four (the other role's thresholds moved)."""
+    key = wr.tobytes()
+    got = gp.pieces.get(key)
+    if got is not None:
+        return got
+    price, (i, j) = gp.slot_price, gp.pairs
+    kp = wr * (gp.slot_occ > 0) > 0
+    lv = wr > 0
+    beats_i = (wr[j] >= wr[i]) & (price[j] <= price[i]) & ((wr[j] > wr[i]) | (price[j] < price[i])) & lv[j]
+    beats_j = (wr[i] >= wr[j]) & (price[i] <= price[j]) & ((wr[i] > wr[j]) | (price[i] < price[j])) & lv[i]
+    lv[i[beats_i]] = False
+    lv[j[beats_j]] = False
+    dw = np.where(wr[i] != wr[j], wr[i] - wr[j], np.inf)
+    ties = lv[i] & lv[j]
+    over_i, over_j = lv[i] & kp[j] & (wr[i] > wr[j]), lv[j] & kp[i] & (wr[j] > wr[i])  # a w_i - p_i = a w_j
+    axis = np.unique(np.concatenate([np.zeros(1), price[lv] / wr[lv], ((price[i] - price[j]) / dw)[ties],
+                                     (price[i] / dw)[over_i], (-price[j] / dw)[over_j]]))
+    for a in (lv, kp, axis):
+        a.flags.writeable = False
+    gp.pieces[key] = (lv, kp, axis)
+    return lv, kp, axis
 
 
 @functools.lru_cache(maxsize=256)
