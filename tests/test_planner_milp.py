@@ -235,7 +235,7 @@ def test_every_backend_solves_in_one_process_whatever_ran_first() -> None:
 
 def _cp_model_writes(lm) -> str:
     """The proto `cp_model.CpModel` writes for a LinearModel's rows and objective: the reference
-    that `backends.cpsat_proto` (which writes it field by field, ~5x faster) must equal."""
+    that `backends.cpsat_proto` (which writes it field by field, ~3x faster) must equal."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
