@@ -485,8 +485,7 @@ def test_floors_and_search_grids_start_at_the_first_covering_time() -> None:
     """The T floors (entry pruning) and each mode's grid start (`_space`) are found by a few
     rounds of `first_true`: they must be the first entry time that covers, as checking every
     entry time finds it."""
-    from planner.mixed import _floors, _GroupRates
-    from planner.mixed import allowed_modes
+    from planner.mixed import _floors, _GroupRates, allowed_modes
     from planner.mixed_search import GroupPrices, Space, _coverable_along, _space
 
     checked = 0
