@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models  # noqa: E402
-from models.config import load_experiment  # noqa: E402
+from models.config import load_experiment, repo_relative  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import PlanningError, get_policy  # noqa: E402
@@ -215,7 +215,7 @@ def main() -> None:
     for r in rows:
         r["default"] = r["backend"] == default
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": args.config, "policy": "pearl", "default_backend": default,
+    meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": repo_relative(args.config), "policy": "pearl", "default_backend": default,
             "mixed": args.mixed, "relative_gap": args.gap, "exact_backend": spec.solver.exact_backend if args.mixed else None,
             "slot_pricing": slots and not args.mixed}
     doc = {"meta": meta, "rows": rows}

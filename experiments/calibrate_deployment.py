@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import validate_predictor as vp  # noqa: E402  (sets the engines' environment first)
 
 from models.builder import build_models, load_profiles  # noqa: E402
-from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, load_experiment  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, ExperimentSpec, load_experiment, repo_relative  # noqa: E402
 from models.step_latency import EngineProfile, load_profile  # noqa: E402
 from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
@@ -164,7 +164,7 @@ def main() -> None:
     t0 = time.perf_counter()
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     load = os.getloadavg()[0]
-    result: dict = {"experiment": args.config, "points": points, "repeats": args.repeats, "runs": args.runs, "max_steal_pct": args.max_steal_pct, "date": date, "modes": {}}
+    result: dict = {"experiment": repo_relative(args.config), "points": points, "repeats": args.repeats, "runs": args.runs, "max_steal_pct": args.max_steal_pct, "date": date, "modes": {}}
     measured: dict[str, tuple[list[dict], list[dict], list[float]]] = {mode: ([], [], []) for mode in modes}
     with stdout_to_stderr(args.json):
         for run in range(args.runs):

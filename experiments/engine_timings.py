@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import numpy as np  # noqa: E402
 import validate_predictor as vp  # noqa: E402  (sets the engines' environment first)
 
-from models.config import ConfigError, load_experiment  # noqa: E402
+from models.config import ConfigError, load_experiment, repo_relative  # noqa: E402
 from models.step_latency import StepLatencyModel  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import concurrency  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
     records = [r for r in records if r["record"] == "request"]
     per_turn = args.mode == "disaggregated"
     rows = summarize(records, engine, per_turn)
-    result = {"experiment": args.config, "mode": args.mode, "profile": profile.name, "points": points, "repeats": args.repeats, "host_probe_ms": vp.host_probe_ms(), "engines": rows}
+    result = {"experiment": repo_relative(args.config), "mode": args.mode, "profile": profile.name, "points": points, "repeats": args.repeats, "host_probe_ms": vp.host_probe_ms(), "engines": rows}
     if per_turn:
         decode = [r for r in rows if r["phase"] == "decode"]
         result["turn_outside"] = {"measured_ms": round(sum(r["outside_ms"] for r in rows), 2),

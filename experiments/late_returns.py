@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/late_returns.json"))
     args = ap.parse_args()
     from models.builder import build_models
-    from models.config import load_experiment
+    from models.config import load_experiment, repo_relative
     from runtime.sim.layout import FixedLayout, Layout
     from runtime.sim.planner_adapter import PlannerPolicy
     from runtime.sim.run import TraceFlags, load_availability
@@ -62,7 +62,7 @@ def main() -> None:
         env = w.env_latency_s.model_copy(update={k: v * f for k, v in w.env_latency_s.model_dump().items() if k in ("mean", "min", "max") and v is not None})
         believed = build_models(spec.model_copy(update={"workload": w.model_copy(update={"env_latency_s": env})}))
         rows.append(_row("pearl, tool latency believed x factor", f, Simulator(true, PlannerPolicy("pearl", believed), avail, hours=args.hours).run()))
-    out = {"config": str(Path(args.config).relative_to(ROOT)), "hours": args.hours, "predicted_batch_s": round(pred, 2), "rows": rows}
+    out = {"config": repo_relative(args.config), "hours": args.hours, "predicted_batch_s": round(pred, 2), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     from rich.console import Console

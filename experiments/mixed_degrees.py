@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
 from experiments.wait_tail import int_list  # noqa: E402
-from models.config import load_experiment  # noqa: E402
+from models.config import load_experiment, repo_relative  # noqa: E402
 from planner.inputs import memory_model  # noqa: E402
 from runtime.sim.run import fixed_problem, make_policy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
@@ -87,7 +87,7 @@ def main() -> None:
                      "regret_pct": round((max(r["simulated_s"] for r in picks) / best["simulated_s"] - 1.0) * 100.0, 1)})
     wall = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
+    args.out.write_text(json.dumps({"config": repo_relative(args.config),
                                     "hours": args.hours, "seeds": seeds, "wait_tail": spec.predictor.wait_tail, "wall_s": round(wall, 1), "sets": sets}, indent=1))
     from rich.console import Console
     from rich.table import Table

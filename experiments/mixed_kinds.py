@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment  # noqa: E402
+from models.config import load_experiment, repo_relative  # noqa: E402
 
 
 def kind_rows(config: str, gpus: int) -> list[dict]:
@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = kind_rows(args.config, args.gpus)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"config": args.config, "gpus": args.gpus, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"config": repo_relative(args.config), "gpus": args.gpus, "rows": rows}, indent=1))
     from rich.table import Table
 
     from runtime.tables import table_console

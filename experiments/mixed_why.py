@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment  # noqa: E402
+from models.config import load_experiment, repo_relative  # noqa: E402
 from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, group_transition_ms, layout_of  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
 from planner.state import ROLES  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = explain(args.config, args.hours, args.seed)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"config": args.config, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"config": repo_relative(args.config), "rows": rows}, indent=1))
     from rich.console import Console
     from rich.table import Table
 

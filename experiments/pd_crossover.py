@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from models.builder import build_models, rollout_gpu_count
-from models.config import ExperimentSpec, load_experiment
+from models.config import ExperimentSpec, load_experiment, repo_relative
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = list(range(16, 129, 16))
@@ -151,7 +151,7 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "pd_crossover.json").write_text(json.dumps(primary, indent=1))
     (args.out_dir / "pd_crossover_sensitivity.json").write_text(json.dumps({
-        "config": str(args.config), "profile": spec.profile_name,
+        "config": repo_relative(args.config), "profile": spec.profile_name,
         "paper": {"gain_pct": PAPER_GAIN_PCT, "best_ratio": PAPER_RATIO, "engine": PAPER_ENGINE},
         "crossover": {"trajectories": crossover(primary), f"groups_x{group}": crossover(expanded)},
         f"groups_x{group}": expanded,

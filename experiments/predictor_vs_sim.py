@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models, rollout_gpu_count  # noqa: E402
-from models.config import ExperimentSpec, load_experiment  # noqa: E402
+from models.config import ExperimentSpec, load_experiment, repo_relative  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
 
@@ -89,7 +89,7 @@ def main() -> None:
     results = [measure(spec, int(b), args.simulated_batches) for b in args.batches.split(",")]
     wall = time.perf_counter() - t0
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "predictor_vs_sim.json").write_text(json.dumps({"config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config), "wall_s": round(wall, 1), "results": results}, indent=1))
+    (args.out_dir / "predictor_vs_sim.json").write_text(json.dumps({"config": repo_relative(args.config), "wall_s": round(wall, 1), "results": results}, indent=1))
     (args.out_dir / "predictor_vs_sim.md").write_text(markdown(spec, results, wall))
     t = Table(title=f"predictor vs simulator ({spec.model_name}, {args.config.name})")
     for c in ("batch", "predictor picks", "sim best", "regret", "|err| coloc", "|err| disagg"):

@@ -81,14 +81,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/sim_fidelity.json"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from models.config import ConfigError, load_experiment
+    from models.config import ConfigError, load_experiment, repo_relative
     from runtime.jsonout import print_json
 
     measured_path = Path(args.measured)
     if measured_path.exists():
         experiment, points = measured_points(measured_path)
         config = ROOT / experiment  # an absolute path stays as it is
-        source = str(measured_path.relative_to(ROOT)) if measured_path.is_relative_to(ROOT) else str(measured_path)
+        source = repo_relative(measured_path)
     else:
         config, source = Path(args.config), "grid (no real measurements found)"
         points = [(mode, lay, int(b), float(e), None, None) for mode, lay in (("colocated", "2C"), ("disaggregated", "1P1D"))

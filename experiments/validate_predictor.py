@@ -55,7 +55,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGI
 import numpy as np  # noqa: E402
 
 from models.builder import build_models, load_fewer_engine_profiles, load_profiles  # noqa: E402
-from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, layout_counts, load_experiment  # noqa: E402
+from models.config import CONFIG_ROOT, ConfigError, Distribution, ExperimentSpec, LoadChangeSpec, PolicySpec, layout_counts, load_experiment, repo_relative  # noqa: E402
 from runtime.host_steal import cpu_times, steal_pct  # noqa: E402
 from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
 from runtime.profiling_inplace import base_of  # noqa: E402
@@ -316,7 +316,7 @@ def main() -> None:
     import vllm
 
     result = {
-        "experiment": str(Path(args.config).resolve().relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
+        "experiment": repo_relative(args.config),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.uname().nodename}: {os.cpu_count()} cores; vllm {vllm.__version__}, torch {torch.__version__}",
         "request_path": "pearl runtime (Controller): agent loop, router, RolloutWorker engine actors, EnvWorker (task synthetic), emulated trainer, staleness 0, refit off",

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models, rollout_gpu_count  # noqa: E402
 from experiments.predictor_vs_sim import layouts  # noqa: E402
-from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, load_experiment  # noqa: E402
+from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, load_experiment, repo_relative  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
 from runtime.sim.planner_adapter import PlannerPolicy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
@@ -199,9 +199,9 @@ def main() -> None:
     wall = time.perf_counter() - t0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "wait_tail.json"
-    out.write_text(json.dumps({"calibrated_config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
-                               "mixed_config": str(args.mixed_config.relative_to(ROOT) if args.mixed_config.is_relative_to(ROOT) else args.mixed_config),
-                               "seeds": seeds, "elastic_config": str(args.elastic_config.relative_to(ROOT) if args.elastic_config.is_relative_to(ROOT) else args.elastic_config),
+    out.write_text(json.dumps({"calibrated_config": repo_relative(args.config),
+                               "mixed_config": repo_relative(args.mixed_config),
+                               "seeds": seeds, "elastic_config": repo_relative(args.elastic_config),
                                "wall_s": round(wall, 1), "calibrated": cal, "mixed": mix, "elastic": ela}, indent=1))
     con = Console(width=140)
     t = Table(title=f"calibrated workload ({args.config.name}): predicted / simulated - 1, every layout")

@@ -951,6 +951,14 @@ def default_profile_name(gpu: str, model: str) -> str:
     return f"{gpu.lower()}-{model.lower()}"
 
 
+def repo_relative(path: str | Path) -> str:
+    """`path` relative to the repository where it lies inside it, else as given: results name
+    their configs and traces so, and carry no one machine's checkout path."""
+    resolved = Path(path).resolve()
+    root = CONFIG_ROOT.parent
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
 def profile_path(spec: ExperimentSpec) -> Path:
     root = Path(spec.source).resolve().parent.parent
     if not (root / "profiles").exists():

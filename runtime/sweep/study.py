@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.config import ConfigError, ExperimentSpec
+from models.config import ConfigError, ExperimentSpec, repo_relative
 from runtime.sim.run import TraceFlags, run_hours
 from runtime.sweep.keys import Number
 from runtime.sweep.points import MODES, sweep_points
@@ -58,9 +58,10 @@ class SweepResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "config": self.spec.source, "experiment": self.spec.name, "model": self.spec.model_name, "mode": self.mode,
+            "config": repo_relative(self.spec.source), "experiment": self.spec.name, "model": self.spec.model_name, "mode": self.mode,
             "policy": self.policy, "kind": "planner" if self.planner_only else "simulator", "hours": self.hours, "seeds": self.seeds,
-            "trace": {"path": self.flags.path or (self.spec.trace.path if self.spec.trace else None), "offset_hours": self.flags.offset_hours},
+            "trace": {"path": repo_relative(trace) if (trace := self.flags.path or (self.spec.trace.path if self.spec.trace else None)) else None,
+                      "offset_hours": self.flags.offset_hours},
             "keys": self.keys, "band": BAND, "pareto": {"gain": self.gain, "cost": self.pareto_cost, "points": self.front},
             "computed": self.run.computed, "cached": self.run.cached, "wall_s": round(self.run.wall_s, 2),
             "records": self.run.records, "aggregated": self.aggregated,
