@@ -167,7 +167,6 @@ class GroupPrices:
     first: np.ndarray = field(compare=False)  # per group that has slots: its first slot
     pairs: tuple[np.ndarray, np.ndarray] = field(compare=False)  # every two slots (i < j) of one group
     slots_of: dict[tuple[int, tuple[str, int]], tuple[int, ...]] = field(compare=False)  # per (role, kind): its slots
-    pieces: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)  # `_role_pieces`, per row of shares
 
     @classmethod
     def of(cls, p: MixedProblem) -> GroupPrices:
@@ -211,7 +210,10 @@ def _coverable_pair(cap: np.ndarray, vp: np.ndarray, vd: np.ndarray) -> bool:
     return bool(np.all((cap * np.maximum(a * vp, (1 - a) * vd)).sum(axis=1) >= 1.0 - 1e-12))
 
 
-def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
+Pieces = dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]]  # `_role_pieces` of one search's `GroupPrices`, per row of shares
+
+
+def _lp_bound(gp: GroupPrices, kvec: dict[int, dict], pieces: Pieces | None = None) -> float:
     """A lower bound on the transition cost of covering every serving role at these fewest
     counts: the optimum of its fractional relaxation (inf: not even fractionally coverable).
 
@@ -231,7 +233,8 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
 
     Pricing each slot matters: a TP4 start can cost 45 / 4 per GPU where TP1 costs 11, and a
     bound at the group's cheapest price with its best share sat 2-5% below the optimum; on the
-    fresh 4096-GPU bench decision, 673 corner programs went to proving what this proves."""
+    fresh 4096-GPU bench decision, 673 corner programs went to proving what this proves.
+    `pieces`: the search's memo of `_role_pieces` for this `gp` (None: none kept)."""
     w = _slot_rates(gp, kvec)  # (roles, slots)
     if gp.first.size == 0:
         return math.inf
@@ -243,9 +246,9 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
             return math.inf
     elif not _coverable_pair(cap, v[0], v[1]):
         return math.inf
-    pieces = [_role_pieces(gp, wr) for wr in w]
-    live, kept = np.array([lv for lv, _, _ in pieces]), np.array([kp for _, kp, _ in pieces])
-    axes = [axis for _, _, axis in pieces]
+    parts = [_role_pieces(gp, wr, {} if pieces is None else pieces) for wr in w]
+    live, kept = np.array([lv for lv, _, _ in parts]), np.array([kp for _, kp, _ in parts])
+    axes = [axis for _, _, axis in parts]
     if w.shape[0] == 1:
         a = axes[0][:, None]
     else:
@@ -265,15 +268,16 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict]) -> float:
     return max(0.0, float(dual.max()))
 
 
-def _role_pieces(gp: GroupPrices, wr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _role_pieces(gp: GroupPrices, wr: np.ndarray, memo: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One serving role's part of `_lp_bound`, from its shares per slot `wr`: per slot, is a
     started GPU's piece live (a w - price that no other slot of its group beats: at least the
     share at no higher price) and is a kept GPU's piece there (w at no price); and the role's
     kink values of a, where a slot starts to pay (a w = price), two live slots tie, or a started
-    slot overtakes a kept one. Remembered per `gp` and row: the corners of one search share a
-    role's row about three times in four (the other role's thresholds moved)."""
+    slot overtakes a kept one. Remembered in `memo` (one search's, for its `gp`) per row: the
+    corners of one search share a role's row about three times in four (the other role's
+    thresholds moved)."""
     key = wr.tobytes()
-    got = gp.pieces.get(key)
+    got = memo.get(key)
     if got is not None:
         return got
     price, (i, j) = gp.slot_price, gp.pairs
@@ -290,7 +294,7 @@ def _role_pieces(gp: GroupPrices, wr: np.ndarray) -> tuple[np.ndarray, np.ndarra
                                      (price[i] / dw)[over_i], (-price[j] / dw)[over_j]]))
     for a in (lv, kp, axis):
         a.flags.writeable = False
-    gp.pieces[key] = (lv, kp, axis)
+    memo[key] = (lv, kp, axis)
     return lv, kp, axis
 
 
@@ -479,6 +483,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
             if v is not None and v < inc:
                 best_x, inc = x, v
     gp = GroupPrices.of(p)
+    pieces: Pieces = {}  # `_role_pieces` per row of shares, for this search's `gp`
     heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
     for mode in allowed_modes(p):
@@ -507,7 +512,7 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         if sp.value(lo) + max(floor, c.cost) + p.constant_ms >= inc * (1.0 - gap):
             continue  # what the block inherited, or a looser corner, is bound enough
         if not c.bounded:
-            c.bounded, c.lower = True, max(c.lower, _lp_bound(gp, kvec))
+            c.bounded, c.lower = True, max(c.lower, _lp_bound(gp, kvec, pieces))
             looser[sp.mode].floors[c.at] = c.floor
         cost = max(floor, c.cost)
         if sp.value(lo) + cost + p.constant_ms >= inc * (1.0 - gap):
