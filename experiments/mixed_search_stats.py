@@ -1,0 +1,140 @@
+"""Where the mixed program's decisions spend their work, per cluster size: the searches' corner
+programs and fractional bounds, the usable GPUs, the table entries left after the entry
+pruning, and the time outside the search.
+
+Why: `bench_planner.py --mixed` times whole decisions; this says why one size is slow and another
+fast. It walks the same seeded events (`bench_planner.walk`, CBC, the default backend) and counts
+what `planner/mixed_search.py` does by wrapping its module functions for the run (the planner
+itself is unchanged). Counts are the same from run to run; times move with the machine.
+Writes results/mixed_search_stats.json and prints a table.
+
+    python experiments/mixed_search_stats.py --gpus 16,64,256,512,1024,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import bench_planner as bp  # noqa: E402
+
+from models.builder import build_models  # noqa: E402
+from models.config import load_experiment, repo_relative  # noqa: E402
+from planner import mixed_search  # noqa: E402
+from planner.inputs import planning_inputs  # noqa: E402
+from planner.policies import get_policy  # noqa: E402
+from runtime.jsonout import print_json, stdout_to_stderr  # noqa: E402
+
+ROLE_NAMES = ("colocated", "prefill", "decode")
+
+
+class SearchLog:
+    """Counts corner programs and bounds per search, and searches per decision, while installed."""
+
+    def __init__(self) -> None:
+        self.searches: list[dict] = []
+        self.decision = 0
+        self._programs = self._bounds = 0
+
+    def install(self) -> None:
+        solve, bound, search = mixed_search.solve_model, mixed_search._lp_bound, mixed_search.search_mixed
+        policy = type(get_policy("pearl", "cbc"))
+        decide = policy.decide
+
+        def counted_solve(*a, **k):
+            self._programs += 1
+            return solve(*a, **k)
+
+        def counted_bound(*a, **k):
+            self._bounds += 1
+            return bound(*a, **k)
+
+        def logged_search(p, *a, **k):
+            programs, bounds, t0 = self._programs, self._bounds, time.perf_counter()
+            out = search(p, *a, **k)
+            self.searches.append({"decision": self.decision, "ms": (time.perf_counter() - t0) * 1000.0, "programs": self._programs - programs,
+                                  "bounds": self._bounds - bounds, "usable_gpus": sum(g.total_cap for g in p.groups),
+                                  "entries": [sum(kt.k.size for kt in rk.kinds) for rk in p.roles]})
+            return out
+
+        def counted_decide(pol, *a, **k):
+            try:
+                return decide(pol, *a, **k)
+            finally:
+                self.decision += 1
+
+        mixed_search.solve_model, mixed_search._lp_bound, mixed_search.search_mixed = counted_solve, counted_bound, logged_search
+        policy.decide = counted_decide
+
+
+def size_row(models, n: int, events: int, seed: int, log: SearchLog) -> dict:
+    inputs = planning_inputs(models, n)
+    inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0))
+    base, evs = bp.mixed_cluster(n), bp.events(n, events, seed)
+    bp.walk(base, inputs, "cbc", evs[:2])  # warm: imports, the solver's first call
+    log.searches.clear()
+    first = log.decision
+    total, *_ = bp.walk(base, inputs, "cbc", evs)
+    s = log.searches
+    in_search = np.zeros(len(total))
+    for x in s:
+        in_search[x["decision"] - first] += x["ms"]
+    programs = np.array([x["programs"] for x in s])
+    med = lambda key: float(np.median([x[key] for x in s]))  # noqa: E731
+    return {
+        "gpus": n, "decisions": len(total), "searches": len(s),
+        "decision_ms_p50": round(float(np.percentile(total, 50)), 1), "decision_ms_p95": round(float(np.percentile(total, 95)), 1),
+        "outside_search_ms_median": round(float(np.median(np.asarray(total) - in_search)), 1),
+        "search_ms_median": round(med("ms"), 1), "search_ms_max": round(max(x["ms"] for x in s), 1),
+        "programs_median": float(np.median(programs)), "programs_max": int(programs.max()), "programs_total": int(programs.sum()),
+        "bounds_median": med("bounds"), "usable_gpus_median": med("usable_gpus"),
+        "entries_median": {r: float(np.median([x["entries"][i] for x in s])) for i, r in enumerate(ROLE_NAMES)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", default="16,64,256,512,1024,4096")
+    ap.add_argument("--events", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", default=str(ROOT / "configs/experiments/mixed-elastic.yaml"))
+    ap.add_argument("--out", default=str(ROOT / "results/mixed_search_stats.json"))
+    ap.add_argument("--json", action="store_true", help="print the document as one JSON object on stdout")
+    args = ap.parse_args()
+    models = build_models(load_experiment(args.config))
+    log = SearchLog()
+    log.install()
+    with stdout_to_stderr(args.json):
+        rows = [size_row(models, int(n), args.events, args.seed, log) for n in args.gpus.split(",")]
+    doc = {"config": repo_relative(args.config), "events": args.events, "seed": args.seed, "backend": "cbc", "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    from rich.table import Table
+
+    from runtime.tables import table_console
+
+    t = Table(title=f"mixed search work per decision, {args.events}-event walk (pearl, CBC), medians over searches")
+    for c in ("GPUs", "decision p50 / p95 ms", "outside search ms", "search ms (max)", "programs (max)", "bounds", "usable GPUs", "entries C / P / D"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        e = r["entries_median"]
+        t.add_row(str(r["gpus"]), f"{r['decision_ms_p50']:.1f} / {r['decision_ms_p95']:.1f}", f"{r['outside_search_ms_median']:.1f}",
+                  f"{r['search_ms_median']:.1f} ({r['search_ms_max']:.0f})", f"{r['programs_median']:g} ({r['programs_max']})", f"{r['bounds_median']:g}",
+                  f"{r['usable_gpus_median']:g}", f"{e['colocated']:g} / {e['prefill']:g} / {e['decode']:g}")
+    table_console(stderr=args.json).print(t)
+    if args.json:
+        print_json(doc)
+
+
+if __name__ == "__main__":
+    main()
