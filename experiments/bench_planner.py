@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models  # noqa: E402
-from models.config import load_experiment, repo_relative  # noqa: E402
+from experiments.wait_tail import int_list  # noqa: E402
+from models.config import ConfigError, load_experiment, repo_relative  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import PlanningError, get_policy  # noqa: E402
@@ -171,15 +172,23 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
     return rows
 
 
+def backend_list(text: str) -> list[str]:
+    """An argparse type: comma-separated solver backends (a bad one is argparse's one-line error)."""
+    names = text.split(",")
+    if not all(n in BACKENDS for n in names):
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: comma-separated, of {', '.join(BACKENDS)}")
+    return names
+
+
 DEFAULT_CONFIG = str(ROOT / "configs/experiments/default.yaml")
 DEFAULT_OUT = str(ROOT / "results/bench_planner.json")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", default="16,64,256,1024,4096")
-    ap.add_argument("--backends", default=",".join(BACKENDS))
-    ap.add_argument("--events", type=int, default=20)
+    ap.add_argument("--gpus", type=int_list(1), default=[16, 64, 256, 1024, 4096], help="cluster sizes, comma-separated")
+    ap.add_argument("--backends", type=backend_list, default=list(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    ap.add_argument("--events", type=lambda x: int_list(1, most=1)(x)[0], default=20, help="events per walk (>= 1)")
     ap.add_argument("--config", default=DEFAULT_CONFIG)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
@@ -199,7 +208,10 @@ def main() -> None:
     if args.gap and args.out in (DEFAULT_OUT, str(ROOT / "results/bench_planner_mixed.json")):
         args.out = args.out.removesuffix(".json") + f"_gap{args.gap:g}.json"
     load_start = os.getloadavg()[0]
-    spec = load_experiment(args.config)
+    try:
+        spec = load_experiment(args.config)
+    except ConfigError as e:
+        raise SystemExit(f"bench_planner: error: {e}") from None
     slots = spec.solver.slot_pricing if args.slot_pricing is None else args.slot_pricing
     if slots and not args.mixed and args.out == DEFAULT_OUT:
         args.out = str(ROOT / "results/bench_planner_slots.json")
@@ -207,7 +219,7 @@ def main() -> None:
     if args.mixed and not models.variants:
         raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")
     with stdout_to_stderr(args.json):
-        rows = bench(models, [int(x) for x in args.gpus.split(",")], args.backends.split(","), args.events, args.seed, args.mixed, args.gap, slots)
+        rows = bench(models, args.gpus, args.backends, args.events, args.seed, args.mixed, args.gap, slots)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}
     cands = [r for r in rows if r["gpus"] == largest and r["backend"] in ok] or [r for r in rows if r["gpus"] == largest]

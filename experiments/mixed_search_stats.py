@@ -28,8 +28,10 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import bench_planner as bp  # noqa: E402
 
+from experiments.wait_tail import int_list  # noqa: E402
+
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment, repo_relative  # noqa: E402
+from models.config import ConfigError, load_experiment, repo_relative  # noqa: E402
 from planner import mixed_search  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
@@ -104,18 +106,21 @@ def size_row(models, n: int, events: int, seed: int, log: SearchLog) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", default="16,64,256,512,1024,4096")
-    ap.add_argument("--events", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpus", type=int_list(1), default=[16, 64, 256, 512, 1024, 4096], help="cluster sizes, comma-separated")
+    ap.add_argument("--events", type=lambda x: int_list(1, most=1)(x)[0], default=20, help="events per walk (>= 1)")
+    ap.add_argument("--seed", type=lambda x: int_list(0, most=1)(x)[0], default=0)
     ap.add_argument("--config", default=str(ROOT / "configs/experiments/mixed-elastic.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results/mixed_search_stats.json"))
     ap.add_argument("--json", action="store_true", help="print the document as one JSON object on stdout")
     args = ap.parse_args()
-    models = build_models(load_experiment(args.config))
+    try:
+        models = build_models(load_experiment(args.config))
+    except ConfigError as e:
+        raise SystemExit(f"mixed_search_stats: error: {e}") from None
     log = SearchLog()
     log.install()
     with stdout_to_stderr(args.json):
-        rows = [size_row(models, int(n), args.events, args.seed, log) for n in args.gpus.split(",")]
+        rows = [size_row(models, n, args.events, args.seed, log) for n in args.gpus]
     doc = {"config": repo_relative(args.config), "events": args.events, "seed": args.seed, "backend": "cbc", "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

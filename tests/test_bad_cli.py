@@ -391,3 +391,18 @@ def test_mixed_degrees_refuses_a_bad_flag_in_one_line(flag: str, value: str, all
     proc = subprocess.run([sys.executable, "experiments/mixed_degrees.py", flag, value], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith(f"mixed_degrees.py: error: argument {flag}: got") and allowed in last, proc.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), [("--gpus", "abc", "comma-separated whole numbers"), ("--events", "0", "one whole number >= 1"),
+                                                         ("--backends", "cbc,foo", "of cpsat, highs, highspy, cbc, scip, pulp")])
+def test_bench_planner_refuses_a_bad_flag_in_one_line(flag: str, value: str, allowed: str) -> None:
+    """Until 2026-12-05 these ran: `--gpus abc` and `--events 0` as a traceback, `--backends foo` as a row labelled foo."""
+    proc = subprocess.run([sys.executable, "experiments/bench_planner.py", "--mixed", flag, value], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith(f"bench_planner.py: error: argument {flag}: got") and allowed in last, proc.stderr
+
+
+def test_bench_planner_names_a_missing_config_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "experiments/bench_planner.py", "--config", str(tmp_path / "nope.yaml")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"bench_planner: error: {tmp_path / 'nope.yaml'}: field '<file>': got '{tmp_path / 'nope.yaml'}'; allowed: an existing YAML file"
