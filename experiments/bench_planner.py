@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models  # noqa: E402
-from experiments.wait_tail import int_list  # noqa: E402
-from models.config import ConfigError, load_experiment, repo_relative  # noqa: E402
+from experiments.cli_args import int_list, load_spec, one_int  # noqa: E402
+from models.config import repo_relative  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import PlanningError, get_policy  # noqa: E402
@@ -188,7 +188,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int_list(1), default=[16, 64, 256, 1024, 4096], help="cluster sizes, comma-separated")
     ap.add_argument("--backends", type=backend_list, default=list(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
-    ap.add_argument("--events", type=lambda x: int_list(1, most=1)(x)[0], default=20, help="events per walk (>= 1)")
+    ap.add_argument("--events", type=one_int(1), default=20, help="events per walk (>= 1)")
     ap.add_argument("--config", default=DEFAULT_CONFIG)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
@@ -208,10 +208,7 @@ def main() -> None:
     if args.gap and args.out in (DEFAULT_OUT, str(ROOT / "results/bench_planner_mixed.json")):
         args.out = args.out.removesuffix(".json") + f"_gap{args.gap:g}.json"
     load_start = os.getloadavg()[0]
-    try:
-        spec = load_experiment(args.config)
-    except ConfigError as e:
-        raise SystemExit(f"bench_planner: error: {e}") from None
+    spec = load_spec(args.config, "bench_planner")
     slots = spec.solver.slot_pricing if args.slot_pricing is None else args.slot_pricing
     if slots and not args.mixed and args.out == DEFAULT_OUT:
         args.out = str(ROOT / "results/bench_planner_slots.json")

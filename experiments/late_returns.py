@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments.cli_args import load_spec, positive_floats  # noqa: E402
+
 
 def _row(kind: str, factor: float, r) -> dict:
     s = r.summary()
@@ -35,18 +37,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs/experiments/default.yaml"))
     ap.add_argument("--hours", type=float, default=1.0)
-    ap.add_argument("--factors", default="0.5,0.7,1.0,1.5,3.0")
+    ap.add_argument("--factors", type=positive_floats, default=[0.5, 0.7, 1.0, 1.5, 3.0], help="tool-latency factors the planner believes, comma-separated")
     ap.add_argument("--out", default=str(ROOT / "results/late_returns.json"))
     args = ap.parse_args()
     from models.builder import build_models
-    from models.config import load_experiment, repo_relative
+    from models.config import repo_relative
     from runtime.sim.layout import FixedLayout, Layout
     from runtime.sim.planner_adapter import PlannerPolicy
     from runtime.sim.run import TraceFlags, load_availability
     from runtime.sim.simulator import Simulator
 
-    factors = [float(x) for x in args.factors.split(",")]
-    spec = load_experiment(args.config)
+    factors = args.factors
+    spec = load_spec(args.config, "late_returns")
     rows = []
     quiet = spec.model_copy(update={"trace": None})
     m = build_models(quiet)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from experiments.wait_tail import int_list  # noqa: E402
+from experiments.cli_args import int_list  # noqa: E402
 from models.config import load_experiment, repo_relative  # noqa: E402
 from planner.inputs import memory_model  # noqa: E402
 from runtime.sim.run import fixed_problem, make_policy  # noqa: E402

@@ -23,11 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment, repo_relative  # noqa: E402
+from experiments.cli_args import load_spec  # noqa: E402
+from models.config import ExperimentSpec, repo_relative  # noqa: E402
 
 
-def kind_rows(config: str, gpus: int) -> list[dict]:
-    models = build_models(load_experiment(config))
+def kind_rows(spec: ExperimentSpec, gpus: int) -> list[dict]:
+    models = build_models(spec)
     labels = {typ: label for typ, _, label in models.variant_profiles}
     rows = []
     for typ, tp, pred in models.variants:
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=12)
     ap.add_argument("--out", default=str(ROOT / "results/mixed_kinds.json"))
     args = ap.parse_args()
-    rows = kind_rows(args.config, args.gpus)
+    rows = kind_rows(load_spec(args.config, "mixed_kinds"), args.gpus)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": repo_relative(args.config), "gpus": args.gpus, "rows": rows}, indent=1))
     from rich.table import Table

@@ -28,10 +28,9 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import bench_planner as bp  # noqa: E402
 
-from experiments.wait_tail import int_list  # noqa: E402
-
+from experiments.cli_args import int_list, load_spec, one_int  # noqa: E402
 from models.builder import build_models  # noqa: E402
-from models.config import ConfigError, load_experiment, repo_relative  # noqa: E402
+from models.config import repo_relative  # noqa: E402
 from planner import mixed_search  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
@@ -107,16 +106,13 @@ def size_row(models, n: int, events: int, seed: int, log: SearchLog) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int_list(1), default=[16, 64, 256, 512, 1024, 4096], help="cluster sizes, comma-separated")
-    ap.add_argument("--events", type=lambda x: int_list(1, most=1)(x)[0], default=20, help="events per walk (>= 1)")
-    ap.add_argument("--seed", type=lambda x: int_list(0, most=1)(x)[0], default=0)
+    ap.add_argument("--events", type=one_int(1), default=20, help="events per walk (>= 1)")
+    ap.add_argument("--seed", type=one_int(0), default=0)
     ap.add_argument("--config", default=str(ROOT / "configs/experiments/mixed-elastic.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results/mixed_search_stats.json"))
     ap.add_argument("--json", action="store_true", help="print the document as one JSON object on stdout")
     args = ap.parse_args()
-    try:
-        models = build_models(load_experiment(args.config))
-    except ConfigError as e:
-        raise SystemExit(f"mixed_search_stats: error: {e}") from None
+    models = build_models(load_spec(args.config, "mixed_search_stats"))
     log = SearchLog()
     log.install()
     with stdout_to_stderr(args.json):

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment, repo_relative  # noqa: E402
+from experiments.cli_args import load_spec  # noqa: E402
+from models.config import ExperimentSpec, repo_relative  # noqa: E402
 from planner.mixed import build_mixed_problem, degree_alternatives, evaluate_mixed, group_transition_ms, layout_of  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
 from planner.state import ROLES  # noqa: E402
@@ -35,12 +36,11 @@ from runtime.sim.run import TraceFlags, load_availability, run_hours  # noqa: E4
 from runtime.sim.simulator import Simulator  # noqa: E402
 
 
-def explain(config: str, hours: float | None, seed: int | None) -> list[dict]:
-    spec = load_experiment(config)
+def explain(spec: ExperimentSpec, hours: float | None, seed: int | None) -> list[dict]:
     hours = run_hours(spec, TraceFlags(hours=hours))
     models = build_models(spec)
     if not models.variants:
-        raise SystemExit(f"mixed_why: {config} has one GPU type and one TP degree per role; it needs a mixed cluster (configs/experiments/mixed-elastic.yaml)")
+        raise SystemExit(f"mixed_why: {spec.source} has one GPU type and one TP degree per role; it needs a mixed cluster (configs/experiments/mixed-elastic.yaml)")
     record: list = []
     pol = PlannerPolicy("pearl", models, record=record)
     Simulator(models, pol, load_availability(spec, TraceFlags(), hours), hours=hours, seed=seed).run()
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", default=str(ROOT / "results/mixed_why.json"))
     args = ap.parse_args()
-    rows = explain(args.config, args.hours, args.seed)
+    rows = explain(load_spec(args.config, "mixed_why"), args.hours, args.seed)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": repo_relative(args.config), "rows": rows}, indent=1))
     from rich.console import Console

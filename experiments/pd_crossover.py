@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from models.builder import build_models, rollout_gpu_count
-from models.config import ExperimentSpec, load_experiment, repo_relative
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments.cli_args import load_spec  # noqa: E402
+from models.builder import build_models, rollout_gpu_count  # noqa: E402
+from models.config import ExperimentSpec, repo_relative  # noqa: E402
+
 BATCHES = list(range(16, 129, 16))
 # The paper's numbers for this claim (PAPER.md): signed gain of disaggregation over colocation.
 PAPER_GAIN_PCT = {32: 9.7, 80: 1.4, 96: -6.1}
@@ -142,7 +146,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "experiments" / "pd-crossover.yaml")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results")
     args = ap.parse_args()
-    spec = load_experiment(args.config)
+    spec = load_spec(args.config, "pd_crossover")
     unit = trajectories_per_unit(spec)
     primary = sweep(spec, trajectories_per_item=unit)
     group = 1 if unit > 1 else spec.workload.group_size

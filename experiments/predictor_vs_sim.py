@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models, rollout_gpu_count  # noqa: E402
-from models.config import ExperimentSpec, load_experiment, repo_relative  # noqa: E402
+from experiments.cli_args import int_list, load_spec  # noqa: E402
+from models.config import ExperimentSpec, repo_relative  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
 
@@ -80,13 +81,13 @@ def markdown(spec: ExperimentSpec, results: list[dict], wall_s: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=ROOT / "configs/experiments/pd-crossover.yaml")
-    ap.add_argument("--batches", default="64,256,1024", help="trajectories per rollout batch")
+    ap.add_argument("--batches", type=int_list(1), default=[64, 256, 1024], help="trajectories per rollout batch, comma-separated")
     ap.add_argument("--simulated-batches", type=int, default=6, help="batches simulated per layout (the first, cold one is dropped)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results")
     args = ap.parse_args()
-    spec = load_experiment(args.config)
+    spec = load_spec(args.config, "predictor_vs_sim")
     t0 = time.perf_counter()
-    results = [measure(spec, int(b), args.simulated_batches) for b in args.batches.split(",")]
+    results = [measure(spec, b, args.simulated_batches) for b in args.batches]
     wall = time.perf_counter() - t0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "predictor_vs_sim.json").write_text(json.dumps({"config": repo_relative(args.config), "wall_s": round(wall, 1), "results": results}, indent=1))

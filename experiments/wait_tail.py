@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models, rollout_gpu_count  # noqa: E402
+from experiments.cli_args import int_list, one_int  # noqa: E402
 from experiments.predictor_vs_sim import layouts  # noqa: E402
 from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, load_experiment, repo_relative  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
@@ -142,20 +143,6 @@ def mixed(spec: ExperimentSpec, home: list[str], batches: int, seeds: list[int])
     return out
 
 
-def int_list(lowest: int, most: int | None = None):
-    """An argparse type: comma-separated whole numbers >= lowest, at most `most` of them (a bad
-    one is argparse's one-line error)."""
-    def parse(text: str) -> list[int]:
-        try:
-            out = [int(x) for x in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"got {text!r}; allowed: comma-separated whole numbers") from None
-        if not out or min(out) < lowest or (most is not None and len(out) > most):
-            raise argparse.ArgumentTypeError(f"got {text!r}; allowed: {'one whole number' if most == 1 else 'whole numbers'} >= {lowest}")
-        return out
-    return parse
-
-
 def elastic(spec: ExperimentSpec, seeds: list[int]) -> list[dict]:
     """PEARL over the config's trace window under each predictor, per seed."""
     from runtime.sim.run import TraceFlags, run_hours
@@ -179,8 +166,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs/experiments/pd-crossover.yaml", help="the calibrated setting")
     ap.add_argument("--mixed-config", type=Path, default=ROOT / "configs/experiments/train-mixed-emulated.yaml")
     ap.add_argument("--batches", type=int_list(1), default=[64, 256, 1024], help="trajectories per rollout batch (calibrated setting)")
-    ap.add_argument("--simulated-batches", type=lambda x: int_list(2, most=1)(x)[0], default=6, help="batches simulated per layout, calibrated setting (the first, cold one is dropped)")
-    ap.add_argument("--mixed-batches", type=lambda x: int_list(2, most=1)(x)[0], default=20, help="batches simulated per layout, mixed setting (the first is dropped)")
+    ap.add_argument("--simulated-batches", type=one_int(2), default=6, help="batches simulated per layout, calibrated setting (the first, cold one is dropped)")
+    ap.add_argument("--mixed-batches", type=one_int(2), default=20, help="batches simulated per layout, mixed setting (the first is dropped)")
     ap.add_argument("--elastic-config", type=Path, default=ROOT / "configs/experiments/mixed-elastic.yaml")
     ap.add_argument("--elastic-seeds", type=int_list(0), default=[0, 1, 2, 3], help="seeds of the elastic setting's runs")
     ap.add_argument("--home", default="1C,2C,1P1D", help="fixed layouts on the mixed setting's reserved H800 (TP1)")

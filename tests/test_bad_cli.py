@@ -402,7 +402,18 @@ def test_bench_planner_refuses_a_bad_flag_in_one_line(flag: str, value: str, all
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith(f"bench_planner.py: error: argument {flag}: got") and allowed in last, proc.stderr
 
 
-def test_bench_planner_names_a_missing_config_in_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "experiments/bench_planner.py", "--config", str(tmp_path / "nope.yaml")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("script", ["bench_planner", "mixed_search_stats", "mixed_kinds", "mixed_why", "pd_crossover", "predictor_vs_sim", "late_returns"])
+def test_an_experiment_names_a_missing_config_in_one_line(script: str, tmp_path: Path) -> None:
+    """Until 2026-12-05 each of these raised the config's error as a traceback (experiments/cli_args.load_spec)."""
+    missing = tmp_path / "nope.yaml"
+    proc = subprocess.run([sys.executable, f"experiments/{script}.py", "--config", str(missing)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip() == f"bench_planner: error: {tmp_path / 'nope.yaml'}: field '<file>': got '{tmp_path / 'nope.yaml'}'; allowed: an existing YAML file"
+    assert proc.stderr.strip() == f"{script}: error: {missing}: field '<file>': got '{missing}'; allowed: an existing YAML file"
+
+
+@pytest.mark.parametrize(("script", "flag", "value", "allowed"), [("late_returns", "--factors", "0.5,x", "comma-separated numbers > 0"),
+                                                                   ("predictor_vs_sim", "--batches", "64,x", "comma-separated whole numbers")])
+def test_an_experiments_list_flag_is_refused_in_one_line(script: str, flag: str, value: str, allowed: str) -> None:
+    proc = subprocess.run([sys.executable, f"experiments/{script}.py", flag, value], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and last == f"{script}.py: error: argument {flag}: got {value!r}; allowed: {allowed}", proc.stderr
