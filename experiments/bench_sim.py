@@ -39,11 +39,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "results/bench_sim.json"))
     args = ap.parse_args()
-    from models.config import load_experiment
+    from experiments.cli_args import load_spec
     from runtime.jsonout import print_json, stdout_to_stderr
     from runtime.sim.run import TraceFlags, simulate
 
-    spec = load_experiment(args.config)
+    spec = load_spec(args.config, "bench_sim")
     gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
     t0 = time.perf_counter()
     cpu0 = time.process_time()

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from experiments.cli_args import int_list  # noqa: E402
-from models.config import load_experiment, repo_relative  # noqa: E402
+from experiments.cli_args import int_list, load_spec  # noqa: E402
+from models.config import repo_relative  # noqa: E402
 from planner.inputs import memory_model  # noqa: E402
 from runtime.sim.run import fixed_problem, make_policy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     if not 1.5 <= args.hours <= 24:
         ap.error(f"argument --hours: got {args.hours:g}; allowed: 1.5 to 24 (a run needs batches after its first; one takes 1,000-1,500 s)")
     seeds = args.seeds
-    spec = load_experiment(args.config).model_copy(update={"elastic_traces": None})  # every spot GPU up
+    spec = load_spec(args.config, "mixed_degrees").model_copy(update={"elastic_traces": None})  # every spot GPU up
     spec = spec.model_copy(update={"predictor": spec.predictor.model_copy(update={"wait_tail": args.wait_tail or spec.predictor.wait_tail})})
     for _, template, role in SETS:
         for n, tp in DEGREES.items():

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import build_models  # noqa: E402
-from models.config import load_experiment  # noqa: E402
+from experiments.cli_args import load_spec  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.milp import Options  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results/pd_ratio_table.md"))
     ap.add_argument("--backend", default=None)
     args = ap.parse_args()
-    spec = load_experiment(args.config)
+    spec = load_spec(args.config, "pd_ratio_table")
     models = build_models(spec)
     inputs = planning_inputs(models, 64)
     inputs = replace(inputs, weights=inputs.weights.model_copy(update={"transition_weight": 0.0}))

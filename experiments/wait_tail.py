@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models, rollout_gpu_count  # noqa: E402
-from experiments.cli_args import int_list, one_int  # noqa: E402
+from experiments.cli_args import int_list, load_spec, one_int  # noqa: E402
 from experiments.predictor_vs_sim import layouts  # noqa: E402
-from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, load_experiment, repo_relative  # noqa: E402
+from models.config import ElasticEventSpec, ExperimentSpec, layout_counts, repo_relative  # noqa: E402
 from runtime.sim.layout import FixedLayout, Layout  # noqa: E402
 from runtime.sim.planner_adapter import PlannerPolicy  # noqa: E402
 from runtime.sim.simulator import Simulator  # noqa: E402
@@ -178,11 +178,11 @@ def main() -> None:
     if bad:
         ap.error(f"argument --home: got {bad[0]!r}; allowed: layout labels like 1C or 1P1D, comma-separated")
     t0 = time.perf_counter()
-    spec = load_experiment(args.config)
+    spec, mixed_spec, elastic_spec = (load_spec(c, "wait_tail") for c in (args.config, args.mixed_config, args.elastic_config))  # all before the work
     seeds = args.seeds
     cal = [calibrated(spec, b, args.simulated_batches, seeds) for b in args.batches]
-    mix = mixed(load_experiment(args.mixed_config), [h for h in args.home.split(",") if h], args.mixed_batches, seeds)
-    ela = elastic(load_experiment(args.elastic_config), args.elastic_seeds)
+    mix = mixed(mixed_spec, [h for h in args.home.split(",") if h], args.mixed_batches, seeds)
+    ela = elastic(elastic_spec, args.elastic_seeds)
     wall = time.perf_counter() - t0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "wait_tail.json"

@@ -402,11 +402,14 @@ def test_bench_planner_refuses_a_bad_flag_in_one_line(flag: str, value: str, all
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith(f"bench_planner.py: error: argument {flag}: got") and allowed in last, proc.stderr
 
 
-@pytest.mark.parametrize("script", ["bench_planner", "mixed_search_stats", "mixed_kinds", "mixed_why", "pd_crossover", "predictor_vs_sim", "late_returns"])
-def test_an_experiment_names_a_missing_config_in_one_line(script: str, tmp_path: Path) -> None:
-    """Until 2026-12-05 each of these raised the config's error as a traceback (experiments/cli_args.load_spec)."""
+@pytest.mark.parametrize(("script", "flag"), [(s, "--config") for s in ("bench_planner", "mixed_search_stats", "mixed_kinds", "mixed_why", "pd_crossover",
+                                                                         "predictor_vs_sim", "late_returns", "bench_sim", "pd_ratio_table", "mixed_degrees", "wait_tail")]
+                         + [("wait_tail", "--mixed-config"), ("wait_tail", "--elastic-config")])
+def test_an_experiment_names_a_missing_config_in_one_line(script: str, flag: str, tmp_path: Path) -> None:
+    """Until 2026-12-05 each of these raised the config's error as a traceback (experiments/cli_args.load_spec); wait_tail
+    reads its three configs before any work."""
     missing = tmp_path / "nope.yaml"
-    proc = subprocess.run([sys.executable, f"experiments/{script}.py", "--config", str(missing)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, f"experiments/{script}.py", flag, str(missing)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == f"{script}: error: {missing}: field '<file>': got '{missing}'; allowed: an existing YAML file"
 
