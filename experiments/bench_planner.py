@@ -23,6 +23,11 @@ without a solver (planner/uniform.py); the row's `slot_priced_fraction` says how
 were; writes results/bench_planner_slots.json. `--no-slot-pricing`: every program on the row's
 backend (the MILP), the backends compared; writes results/bench_planner.json.
 
+`--batch-per-gpu B`: each size plans a batch of B trajectories per GPU (whole GRPO groups)
+instead of the config's batch at every size (`with_batch_per_gpu`); writes
+results/bench_planner[_mixed]_per_gpu<B>.json. The config's batch leaves a large cluster GPUs to
+spare, which makes its decisions easy; B = the config's batch / a size keeps that size's load.
+
 `--gap G`: `solver.relative_gap` = G, every decision proven within G of its objective rather
 than exactly (`optimal_fraction` then counts those; `meta.relative_gap` says which); writes
 results/bench_planner[_mixed]_gap<G>.json, so the exact runs' files stay.
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -48,13 +54,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.builder import ExperimentModels, build_models  # noqa: E402
-from experiments.cli_args import int_list, load_spec, one_int  # noqa: E402
-from models.config import repo_relative  # noqa: E402
+from experiments.cli_args import int_list, load_spec, one_int, one_positive  # noqa: E402
+from models.config import ExperimentSpec, repo_relative  # noqa: E402
 from planner.backends import BACKENDS  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import PlanningError, get_policy  # noqa: E402
@@ -142,13 +149,34 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
     return total, solver, optimal, cpu, proved_by
 
 
+def with_batch_per_gpu(spec: ExperimentSpec, n: int, per_gpu: float) -> ExperimentSpec:
+    """`spec` with `per_gpu` trajectories per batch for each of `n` GPUs, rounded up to whole GRPO groups.
+
+    Why: the config's batch is one number at every cluster size, so a large cluster has GPUs to
+    spare and its decisions are easy (at 4096 GPUs a 1,024-trajectory batch needs a few percent
+    of them); scaling the batch with the cluster keeps the load per GPU, and so the decision's
+    difficulty, that of the size the config's batch was chosen for."""
+    w = spec.workload
+    group = w.group_size
+    batch = max(group, math.ceil(per_gpu * n / group) * group)
+    try:
+        w = type(w).model_validate({**w.model_dump(), "trajectories_per_batch": batch})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise SystemExit(f"bench_planner: error: --batch-per-gpu {per_gpu:g} at {n} GPUs gives {batch} trajectories per batch; "
+                         f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}") from None
+    return spec.model_copy(update={"workload": w})
+
+
 def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False, gap: float = 0.0,
-          slot_pricing: bool | None = None) -> list[dict]:
-    """One row per (GPU count, backend): the timings of walking the same seeded events (slot_pricing None: the config's)."""
+          slot_pricing: bool | None = None, batch_per_gpu: float | None = None) -> list[dict]:
+    """One row per (GPU count, backend): the timings of walking the same seeded events (slot_pricing
+    None: the config's; batch_per_gpu None: the config's batch at every size, else `with_batch_per_gpu`)."""
     rows: list[dict] = []
     for n in sizes:
+        at_n = models if batch_per_gpu is None else build_models(with_batch_per_gpu(models.spec, n, batch_per_gpu))
         t0 = time.perf_counter()
-        inputs = planning_inputs(models, n)
+        inputs = planning_inputs(at_n, n)
         slots = inputs.solver.slot_pricing if slot_pricing is None else slot_pricing
         inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0, relative_gap=gap, slot_pricing=slots))
         tab_ms = (time.perf_counter() - t0) * 1000.0
@@ -158,7 +186,7 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
             walk(base, inputs, be, evs[:2])  # warm up imports / solver libraries
             total, solver, optimal, cpu, proved_by = walk(base, inputs, be, evs)
             rows.append({
-                "gpus": n, "backend": be,
+                "gpus": n, "backend": be, "batch": inputs.batch,
                 "solve_ms_p50": round(float(np.percentile(total, 50)), 2),
                 "solve_ms_p95": round(float(np.percentile(total, 95)), 2),
                 "optimal_fraction": round(float(np.mean(optimal)), 4),
@@ -194,12 +222,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print {meta, rows} as one JSON object on stdout")
     ap.add_argument("--mixed", action="store_true", help="three GPU types, TP 1/2/4 per role (configs/experiments/mixed-elastic.yaml's models)")
+    ap.add_argument("--batch-per-gpu", type=one_positive, default=None,
+                    help="trajectories per batch per GPU of each size, rounded up to whole groups (default: the config's batch at every size)")
     ap.add_argument("--gap", type=float, default=0.0, help="solver.relative_gap: decisions proven within this share of the objective (default 0: exact)")
     ap.add_argument("--slot-pricing", action=argparse.BooleanOptionalAction, default=None,
                     help="plain-slot single-type programs priced directly, exactly (solver.slot_pricing), or every program on the row's backend (--no-slot-pricing); default: the config's")
     args = ap.parse_args()
     if not 0.0 <= args.gap <= 0.5:
         raise SystemExit(f"--gap: got {args.gap}; allowed: 0 to 0.5 (solver.relative_gap)")
+    default_out = args.out == DEFAULT_OUT
     if args.mixed:
         if args.config == DEFAULT_CONFIG:
             args.config = str(ROOT / "configs/experiments/mixed-elastic.yaml")
@@ -212,11 +243,15 @@ def main() -> None:
     slots = spec.solver.slot_pricing if args.slot_pricing is None else args.slot_pricing
     if slots and not args.mixed and args.out == DEFAULT_OUT:
         args.out = str(ROOT / "results/bench_planner_slots.json")
+    if args.batch_per_gpu and default_out:
+        args.out = args.out.removesuffix(".json") + f"_per_gpu{args.batch_per_gpu:g}.json"
+    for n in args.gpus if args.batch_per_gpu else ():
+        with_batch_per_gpu(spec, n, args.batch_per_gpu)  # every size's batch checked before any is timed
     models = build_models(spec)
     if args.mixed and not models.variants:
         raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")
     with stdout_to_stderr(args.json):
-        rows = bench(models, args.gpus, args.backends, args.events, args.seed, args.mixed, args.gap, slots)
+        rows = bench(models, args.gpus, args.backends, args.events, args.seed, args.mixed, args.gap, slots, args.batch_per_gpu)
     largest = max(r["gpus"] for r in rows)
     ok = {r["backend"] for r in rows} - {r["backend"] for r in rows if r["optimal_fraction"] < 1.0}
     cands = [r for r in rows if r["gpus"] == largest and r["backend"] in ok] or [r for r in rows if r["gpus"] == largest]
@@ -226,7 +261,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": "shared 2-core VM", "cores": os.cpu_count(), "load_average_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)], "events_per_row": args.events, "config": repo_relative(args.config), "policy": "pearl", "default_backend": default,
             "mixed": args.mixed, "relative_gap": args.gap, "exact_backend": spec.solver.exact_backend if args.mixed else None,
-            "slot_pricing": slots and not args.mixed}
+            "slot_pricing": slots and not args.mixed,
+            "batch_per_gpu": args.batch_per_gpu}
     doc = {"meta": meta, "rows": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.table import Table
@@ -236,14 +272,15 @@ def main() -> None:
     exact = f" (exact-units programs on {spec.solver.exact_backend}, solver.exact_backend)" if args.mixed and spec.solver.exact_backend else ""
     kind = f"mixed: H800 + H20 + A100, TP 1/2/4 per role{exact}, " if args.mixed else ""
     within = f", proven within a relative gap of {args.gap:g}" if args.gap else ""
+    within += f", {args.batch_per_gpu:g} trajectories per batch per GPU" if args.batch_per_gpu else ""
     if not args.mixed:
         within += ", plain-slot programs priced directly (solver.slot_pricing)" if slots else ", every program on the row's backend"
     t = Table(title=f"full planning step (state -> decision -> plan), {kind}pearl policy, {args.events} events per row{within}; default = {default}")
-    for c in ("GPUs", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal" if not args.gap else "proven within gap", "slot-priced", "tables ms"):
+    for c in ("GPUs", "batch", "backend", "p50 ms", "p95 ms", "CPU p95 ms", "solver p95 ms", "proven optimal" if not args.gap else "proven within gap", "slot-priced", "tables ms"):
         t.add_column(c, justify="right")
     for r in rows:
         style = "bold" if r["default"] else None
-        t.add_row(str(r["gpus"]), r["backend"] + (" *" if r["default"] else ""), f"{r['solve_ms_p50']:.1f}", f"{r['solve_ms_p95']:.1f}", f"{r['cpu_ms_p95']:.1f}",
+        t.add_row(str(r["gpus"]), str(r["batch"]), r["backend"] + (" *" if r["default"] else ""), f"{r['solve_ms_p50']:.1f}", f"{r['solve_ms_p95']:.1f}", f"{r['cpu_ms_p95']:.1f}",
                   f"{r['solver_ms_p95']:.1f}", f"{r['optimal_fraction']:.0%}", f"{r['slot_priced_fraction']:.0%}", f"{r['tabulate_ms']:.0f}", style=style)
     table_console(stderr=args.json).print(t)
     if args.json:

@@ -39,6 +39,15 @@ def positive_floats(text: str) -> list[float]:
     return out
 
 
+def one_positive(text: str) -> float:
+    """An argparse type: one number > 0."""
+    try:
+        [out] = positive_floats(text)
+    except (argparse.ArgumentTypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: one number > 0") from None
+    return out
+
+
 def load_spec(path: str | Path, prog: str) -> ExperimentSpec:
     """The experiment config at `path`, or exit with its one-line error."""
     try:

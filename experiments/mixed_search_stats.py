@@ -6,7 +6,8 @@ Why: `bench_planner.py --mixed` times whole decisions; this says why one size is
 fast. It walks the same seeded events (`bench_planner.walk`, CBC, the default backend) and counts
 what `planner/mixed_search.py` does by wrapping its module functions for the run (the planner
 itself is unchanged). Counts are the same from run to run; times move with the machine.
-Writes results/mixed_search_stats.json and prints a table.
+Writes results/mixed_search_stats.json and prints a table. `--batch-per-gpu B`: each size plans
+B trajectories per GPU (bench_planner's flag), written to results/mixed_search_stats_per_gpu<B>.json.
 
     python experiments/mixed_search_stats.py --gpus 16,64,256,512,1024,4096
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import bench_planner as bp  # noqa: E402
 
-from experiments.cli_args import int_list, load_spec, one_int  # noqa: E402
+from experiments.cli_args import int_list, load_spec, one_int, one_positive  # noqa: E402
 from models.builder import build_models  # noqa: E402
 from models.config import repo_relative  # noqa: E402
 from planner import mixed_search  # noqa: E402
@@ -78,7 +79,9 @@ class SearchLog:
         policy.decide = counted_decide
 
 
-def size_row(models, n: int, events: int, seed: int, log: SearchLog) -> dict:
+def size_row(models, n: int, events: int, seed: int, log: SearchLog, batch_per_gpu: float | None = None) -> dict:
+    if batch_per_gpu is not None:
+        models = build_models(bp.with_batch_per_gpu(models.spec, n, batch_per_gpu))
     inputs = planning_inputs(models, n)
     inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0))
     base, evs = bp.mixed_cluster(n), bp.events(n, events, seed)
@@ -93,7 +96,7 @@ def size_row(models, n: int, events: int, seed: int, log: SearchLog) -> dict:
     programs = np.array([x["programs"] for x in s])
     med = lambda key: float(np.median([x[key] for x in s]))  # noqa: E731
     return {
-        "gpus": n, "decisions": len(total), "searches": len(s),
+        "gpus": n, "batch": inputs.batch, "decisions": len(total), "searches": len(s),
         "decision_ms_p50": round(float(np.percentile(total, 50)), 1), "decision_ms_p95": round(float(np.percentile(total, 95)), 1),
         "outside_search_ms_median": round(float(np.median(np.asarray(total) - in_search)), 1),
         "search_ms_median": round(med("ms"), 1), "search_ms_max": round(max(x["ms"] for x in s), 1),
@@ -110,26 +113,34 @@ def main() -> None:
     ap.add_argument("--seed", type=one_int(0), default=0)
     ap.add_argument("--config", default=str(ROOT / "configs/experiments/mixed-elastic.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results/mixed_search_stats.json"))
+    ap.add_argument("--batch-per-gpu", type=one_positive, default=None,
+                    help="trajectories per batch per GPU of each size, as bench_planner's (default: the config's batch at every size)")
     ap.add_argument("--json", action="store_true", help="print the document as one JSON object on stdout")
     args = ap.parse_args()
-    models = build_models(load_spec(args.config, "mixed_search_stats"))
+    if args.batch_per_gpu and args.out == str(ROOT / "results/mixed_search_stats.json"):
+        args.out = args.out.removesuffix(".json") + f"_per_gpu{args.batch_per_gpu:g}.json"
+    spec = load_spec(args.config, "mixed_search_stats")
+    for n in args.gpus if args.batch_per_gpu else ():
+        bp.with_batch_per_gpu(spec, n, args.batch_per_gpu)  # every size's batch checked before any is walked
+    models = build_models(spec)
     log = SearchLog()
     log.install()
     with stdout_to_stderr(args.json):
-        rows = [size_row(models, n, args.events, args.seed, log) for n in args.gpus]
-    doc = {"config": repo_relative(args.config), "events": args.events, "seed": args.seed, "backend": "cbc", "rows": rows}
+        rows = [size_row(models, n, args.events, args.seed, log, args.batch_per_gpu) for n in args.gpus]
+    doc = {"config": repo_relative(args.config), "events": args.events, "seed": args.seed, "backend": "cbc", "batch_per_gpu": args.batch_per_gpu, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     from rich.table import Table
 
     from runtime.tables import table_console
 
-    t = Table(title=f"mixed search work per decision, {args.events}-event walk (pearl, CBC), medians over searches")
-    for c in ("GPUs", "decision p50 / p95 ms", "outside search ms", "search ms (max)", "programs (max)", "bounds", "usable GPUs", "entries C / P / D"):
+    per_gpu = f", {args.batch_per_gpu:g} trajectories per batch per GPU" if args.batch_per_gpu else ""
+    t = Table(title=f"mixed search work per decision, {args.events}-event walk (pearl, CBC{per_gpu}), medians over searches")
+    for c in ("GPUs", "batch", "decision p50 / p95 ms", "outside search ms", "search ms (max)", "programs (max)", "bounds", "usable GPUs", "entries C / P / D"):
         t.add_column(c, justify="right")
     for r in rows:
         e = r["entries_median"]
-        t.add_row(str(r["gpus"]), f"{r['decision_ms_p50']:.1f} / {r['decision_ms_p95']:.1f}", f"{r['outside_search_ms_median']:.1f}",
+        t.add_row(str(r["gpus"]), str(r["batch"]), f"{r['decision_ms_p50']:.1f} / {r['decision_ms_p95']:.1f}", f"{r['outside_search_ms_median']:.1f}",
                   f"{r['search_ms_median']:.1f} ({r['search_ms_max']:.0f})", f"{r['programs_median']:g} ({r['programs_max']})", f"{r['bounds_median']:g}",
                   f"{r['usable_gpus_median']:g}", f"{e['colocated']:g} / {e['prefill']:g} / {e['decode']:g}")
     table_console(stderr=args.json).print(t)

@@ -1,0 +1,40 @@
+"""experiments/bench_planner.py's `--batch-per-gpu`: the batch grows with the cluster, so that a
+large cluster is timed under the load per GPU of a small one, not with GPUs to spare."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.bench_planner import bench, with_batch_per_gpu
+from models.builder import build_models
+from models.config import load_experiment
+
+MIXED = "configs/experiments/mixed-elastic.yaml"  # 1,024 trajectories per batch in groups of 16
+
+
+def test_the_batch_is_per_gpu_times_the_cluster_in_whole_groups() -> None:
+    spec = load_experiment(MIXED)
+    assert spec.workload.trajectories_per_batch == 1024 and spec.workload.group_size == 16
+    batch = lambda n, per_gpu: with_batch_per_gpu(spec, n, per_gpu).workload.trajectories_per_batch  # noqa: E731
+    assert batch(256, 4) == 1024 and batch(4096, 4) == 16384  # 256 GPUs at 4 per GPU: the config's own batch
+    assert batch(256, 4.01) == 1040  # 1,026.6 rounds up to whole groups of 16
+    assert batch(16, 0.001) == 16  # never below one group
+    assert with_batch_per_gpu(spec, 4096, 4).workload.turns == spec.workload.turns  # only the batch changes
+
+
+def test_a_batch_the_config_refuses_is_one_line_naming_the_flag_and_the_field() -> None:
+    spec = load_experiment(MIXED)
+    with pytest.raises(SystemExit) as e:
+        with_batch_per_gpu(spec, 4096, 1000)  # 4,096,000 trajectories: past the config's bound
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("bench_planner: error: --batch-per-gpu 1000 at 4096 GPUs gives 4096000 trajectories per batch;"), msg
+    assert "trajectories_per_batch" in msg, msg
+
+
+def test_each_size_is_planned_for_its_own_batch() -> None:
+    models = build_models(load_experiment(MIXED))
+    rows = bench(models, [16, 32], ["cbc"], 2, 0, mixed=True, batch_per_gpu=4)
+    assert [r["batch"] for r in rows] == [64, 128]
+    assert all(r["optimal_fraction"] == 1.0 for r in rows)
+    [plain] = bench(models, [32], ["cbc"], 2, 0, mixed=True)
+    assert plain["batch"] == 1024  # without the flag, the config's batch at every size
