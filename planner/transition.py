@@ -139,6 +139,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
     targets = {t.key: t.slots(tp) for t in decision.targets}
     by_group: dict[tuple[str, str, str], list[Worker]] = {}
     forced: list[Worker] = []  # must leave: lost GPU, preemption notice, wrong TP, recalled training GPU
+    forced_gpus: dict[tuple[str, str, str], set[str]] = {}  # per group: the GPUs its forced workers free
     for w in state.workers:
         if w.draining:
             continue
@@ -147,6 +148,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
         recalled = key[1] == "training" and not lendable and key not in targets
         if not usable or w.tp not in degrees[w.role] or recalled:
             forced.append(w)
+            forced_gpus.setdefault(key, set()).update(w.gpus)
         else:
             by_group.setdefault(key, []).append(w)
     actions: list[Action] = []
@@ -170,8 +172,7 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
                 leaving.append((w, False))
             elif new != w.role:
                 switching.append((w, new))
-        leaving_here = {gid for w in ws if assign[w.id] is None for gid in w.gpus}
-        leaving_here |= {gid for w in forced if state.group_key_of(w) == key for gid in w.gpus}
+        leaving_here = {gid for w in ws if assign[w.id] is None for gid in w.gpus} | forced_gpus.get(key, set())
         grp = groups.get(key)
         ids = grp.gpu_ids if grp else ()
         free = [g for g in ids if state.gpu(g).usable and g not in owner]
@@ -189,10 +190,10 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
         drain_of[w.id] = d
         stop_of[w.id] = add("stop", worker=w.id, gpus=w.gpus, from_role=w.role, after=(d,))
     returns = 0
+    reused = {s for _, _, _, src in starts for s in src}  # workers whose GPUs a start takes over
     for w, _ in leaving:
         borrowed = tuple(g for g in w.gpus if state.gpu(g).borrowed)
-        reused = any(w.id in src for _, _, _, src in starts)
-        if borrowed and not (reused and lendable):
+        if borrowed and not (w.id in reused and lendable):
             add("return", gpus=borrowed, after=(stop_of[w.id],), duration_s=c.return_s, deadline_s=deadline)
             returns += len(borrowed)
     # borrowed GPUs that hold nothing and are not in the target: give back
@@ -223,11 +224,12 @@ def build_plan(state: ClusterState, decision: Decision, inputs: PlanningInputs, 
             ready.append(lw)
     # capacity first: non-urgent drains wait for the new engines that need no freed GPUs
     urgent = {w.id for w, u in leaving if u}
+    after_ready = tuple(ready)
     for i, a in enumerate(actions):
         if a.kind == "drain" and a.worker not in urgent and ready:
-            actions[i] = Action(a.id, a.kind, a.worker, a.gpus, a.role, a.from_role, tuple(ready), a.duration_s, a.deadline_s)
+            actions[i] = Action(a.id, a.kind, a.worker, a.gpus, a.role, a.from_role, after_ready, a.duration_s, a.deadline_s)
     for w, r in switching:
-        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, after=tuple(ready), duration_s=c.stop_s)
+        d = add("drain", worker=w.id, gpus=w.gpus, from_role=w.role, after=after_ready, duration_s=c.stop_s)
         sw = add("switch_role", worker=w.id, gpus=w.gpus, role=r, from_role=w.role, after=(d,), duration_s=c.switch_s)
         if w.weight_version < state.weight_version:
             add("load_weights", worker=w.id, gpus=w.gpus, role=r, after=(sw,), duration_s=c.weight_load_s)
