@@ -172,21 +172,39 @@ def _disaggregated(p: PlanningProblem, sp: SlotPrices) -> tuple[int, tuple] | No
     # one role asks for no new instance and may hold more than it asks: the other role may take
     # those slots (stop + start) where they are cheaper than the free ones
     for role, ks, need_other, axis in ((1, kp, need_d, 0), (2, kd, need_p, 1)):
-        for i, surplus in enumerate(np.maximum(have[role - 1] - ks, 0)):
-            if surplus == 0:
-                continue
-            merged = _prefix([(c, g) for c, g, _ in sp.with_surplus(role, int(surplus))])
-            fits = need_other < len(merged)
-            line = np.where(fits, merged[np.minimum(need_other, len(merged) - 1)], UNFIT)
-            if axis == 0:
-                cost[i, :] = line
-            else:
-                cost[:, i] = line
+        surplus = np.maximum(have[role - 1] - ks, 0)
+        rows = np.flatnonzero(surplus)
+        if rows.size == 0:
+            continue
+        lines = _cheapest_with_held(_prefix(sp.free_split), _prefix(sp.held[role]), surplus[rows], need_other)
+        if axis == 0:
+            cost[rows, :] = lines
+        else:
+            cost[:, rows] = lines.T
     obj = time_ms + cost + forced
     i, j = np.unravel_index(int(np.argmin(obj)), obj.shape)
     if cost[i, j] >= UNFIT:
         return None
     return int(obj[i, j]), ("disaggregated", int(kp[i]), int(kd[j]))
+
+
+def _cheapest_with_held(free: np.ndarray, held: np.ndarray, surplus: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """[a, b]: the price of the cheapest need[b] slots among the free ones and the cheapest
+    surplus[a] held ones (UNFIT where there are too few), from both lists' prefix sums.
+
+    Why not merge the lists per surplus (`SlotPrices.with_surplus`, as `_layout` does for the one
+    choice it lays out): both are sorted, so the cheapest m of the two take some j from the held
+    ones and m - j from the free ones, and the price is min over j <= min(surplus, m) of
+    free[m - j] + held[j], one cumulative minimum over j for every m at once. A merge per
+    surplus cost a sort per entry: at 4096 GPUs and 16,384 trajectories a third of a decision."""
+    most = int(surplus.max())
+    ms, back = np.unique(need, return_inverse=True)
+    j = np.arange(most + 1)
+    i = ms[:, None] - j[None, :]  # free slots taken with j held ones
+    ok = (i >= 0) & (i < free.size)
+    price = np.where(ok, free[np.clip(i, 0, free.size - 1)] + held[np.minimum(j, held.size - 1)][None, :], UNFIT)
+    best = np.minimum.accumulate(price, axis=1)  # [m, s]: the cheapest with at most s held ones
+    return best[back][:, surplus].T
 
 
 def _layout(p: PlanningProblem, sp: SlotPrices, choice: tuple) -> tuple[tuple[int, int, int], ...]:

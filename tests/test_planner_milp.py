@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace as dc_replace
 
+import numpy as np
 import pytest
 
 from planner.backends import BACKENDS, solve
@@ -15,7 +16,7 @@ from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
 from planner.transition import apply_plan, build_plan, plan_cost_ms
 from planner.uniform import shape as slot_shape
-from planner.uniform import solve_slots
+from planner.uniform import UNFIT, _cheapest_with_held, _prefix, solve_slots
 from planner_cases import oracle, random_inputs, random_state, work_share
 
 N_CASES = 200
@@ -93,6 +94,23 @@ def test_slot_pricing_matches_exhaustive_enumeration() -> None:
             assert sol.best_bound_ms == sol.objective_ms and sol.backend == "slots"
             answered += 1
     assert answered >= 150 and declined >= 100, (answered, declined)
+
+
+def test_free_and_held_slots_are_priced_as_their_merge() -> None:
+    """`uniform._cheapest_with_held` (prefix sums and a cumulative minimum) equals merging the free
+    slots with the cheapest `surplus` held ones and summing the cheapest `need` (the definition,
+    `SlotPrices.with_surplus`), UNFIT where they are too few; random sorted price lists with ties."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        free = sorted((int(c), 0) for c in rng.integers(0, 20, rng.integers(0, 12)))
+        held = sorted((int(c), 1) for c in rng.integers(0, 30, rng.integers(1, 10)))
+        surplus = rng.integers(1, len(held) + 1, rng.integers(1, 6))
+        need = rng.integers(0, len(free) + len(held) + 3, rng.integers(1, 8))
+        got = _cheapest_with_held(_prefix(free), _prefix(held), surplus, need)
+        for a, s in enumerate(surplus):
+            merged = _prefix(sorted(free + held[:s]))
+            want = [int(merged[m]) if m < merged.size else UNFIT for m in need]
+            assert got[a].tolist() == want, (free, held, s, need)
 
 
 def test_slot_pricing_declines_what_is_not_plain_slots() -> None:
