@@ -25,8 +25,9 @@ backend (the MILP), the backends compared; writes results/bench_planner.json.
 
 `--batch-per-gpu B`: each size plans a batch of B trajectories per GPU (whole GRPO groups)
 instead of the config's batch at every size (`with_batch_per_gpu`); writes
-results/bench_planner[_mixed]_per_gpu<B>.json. The config's batch leaves a large cluster GPUs to
-spare, which makes its decisions easy; B = the config's batch / a size keeps that size's load.
+results/bench_planner[_mixed or _slots]_per_gpu<B>.json. The config's batch leaves a large
+cluster GPUs to spare, which makes its decisions easy; B = the config's batch / a size keeps
+that size's load.
 
 `--gap G`: `solver.relative_gap` = G, every decision proven within G of its objective rather
 than exactly (`optimal_fraction` then counts those; `meta.relative_gap` says which); writes
