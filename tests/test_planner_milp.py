@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 from dataclasses import replace as dc_replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from planner.milp import Options, build_problem, evaluate
 from planner.solve import solve_step
 from planner.transition import apply_plan, build_plan, plan_cost_ms
 from planner.uniform import shape as slot_shape
-from planner.uniform import UNFIT, _cheapest_with_held, _prefix, solve_slots
+from planner import uniform
+from planner.uniform import UNFIT, _cheapest_with_held, _entries, _prefix, _stop_ms, solve_slots
 from planner_cases import oracle, random_inputs, random_state, work_share
 
 N_CASES = 200
@@ -111,6 +113,94 @@ def test_free_and_held_slots_are_priced_as_their_merge() -> None:
             merged = _prefix(sorted(free + held[:s]))
             want = [int(merged[m]) if m < merged.size else UNFIT for m in need]
             assert got[a].tolist() == want, (free, held, s, need)
+
+
+def _pairs_by_definition(p, sp) -> list[list[int]]:
+    """Every (prefill, decode) entry pair's objective as `uniform._disaggregated` defines it: a
+    decode entry below the current decode instances lets prefill take their slots, else a prefill
+    entry below the current prefill ones lets decode take theirs, else both start on the cheapest
+    free slots (UNFIT: too few slots)."""
+    have = (sp.have(1), sp.have(2))
+    forced = _stop_ms(p, sp.cur, (0,)) + p.constant_ms
+    out = []
+    for kp, tp, qp in _entries(p, 1):
+        row = []
+        for kd, td, qd in _entries(p, 2):
+            need_p, need_d = max(kp - have[0], 0), max(kd - have[1], 0)
+            if have[1] > kd:
+                slots, need = sp.with_surplus(2, have[1] - kd), need_p
+            elif have[0] > kp:
+                slots, need = sp.with_surplus(1, have[0] - kp), need_d
+            else:
+                slots, need = sp.free_split, need_p + need_d
+            prices = _prefix([(c, g) for c, g, *_ in slots])
+            row.append(max(tp, td) + qp + qd + (int(prices[need]) if need < prices.size else UNFIT) + forced)
+        out.append(row)
+    return out
+
+
+def _plain_slot_pairs():
+    for state, inputs in CASES:
+        for opts in (Options(), Options(allow_borrow=False), Options(toggle_in_objective=False), Options(modes=("disaggregated",))):
+            problem = build_problem(state, inputs, 0.0, opts)
+            cap = slot_shape(problem)
+            if cap is not None:
+                sp = uniform.slot_prices(problem, cap)
+                pp = uniform.PairPrices.of(problem, sp)
+                if pp is not None:
+                    yield problem, sp, pp
+
+
+def test_pairs_are_priced_by_definition_and_bounded_below_per_row() -> None:
+    """`PairPrices.block` is every pair's objective by its definition, and `PairPrices.bound` is at
+    most each prefill entry's best pair (what lets `_disaggregated` skip the rows past it)."""
+    compared = surplus = 0
+    for problem, sp, pp in _plain_slot_pairs():
+        want = np.array(_pairs_by_definition(problem, sp))
+        got = pp.block(np.arange(pp.kp.size))
+        assert (got == want).all()
+        assert (pp.bound() <= want.min(axis=1)).all()
+        compared += 1
+        surplus += bool(pp.rows.size or pp.cols.size)
+    assert compared >= 150 and surplus >= 20, (compared, surplus)
+
+
+@pytest.mark.parametrize("rows_at_once", [1, 2, 64])
+def test_pair_pricing_by_rows_picks_the_pair_the_whole_matrix_would(rows_at_once: int, monkeypatch) -> None:
+    """`_disaggregated` prices prefill entries a block at a time, best bound first, and stops where
+    the next bound exceeds the best pair: it returns the whole matrix's first cheapest pair in
+    row-major order, on every plain-slot case (four option sets)."""
+    monkeypatch.setattr(uniform, "ROWS_AT_ONCE", rows_at_once)
+    for problem, sp, pp in _plain_slot_pairs():
+        obj = np.array(_pairs_by_definition(problem, sp))
+        i, j = np.unravel_index(int(np.argmin(obj)), obj.shape)
+        want = None if obj[i, j] >= UNFIT else (int(obj[i, j]), ("disaggregated", int(pp.kp[i]), int(pp.kd[j])))
+        assert uniform._disaggregated(problem, sp) == want
+
+
+def test_a_row_whose_bound_ties_the_best_pair_is_still_priced(monkeypatch) -> None:
+    """Prefill entry 1 (7 instances) has the lower bound (8) and is priced first, to 12 with decode
+    entry 1; entry 0 (1 instance) is bounded by exactly 12 and ties it with decode entry 0. The
+    whole matrix's argmin is (0, 0): a row whose bound equals the best found must be priced."""
+    monkeypatch.setattr(uniform, "ROWS_AT_ONCE", 1)
+    problem = SimpleNamespace(entries={1: [(1, 10, 0), (7, 0, 0)], 2: [(1, 10, 0), (5, 0, 0)]}, max_instances=lambda r: 100,
+                              constant_ms=0, groups=[])
+    sp = uniform.SlotPrices(cur=[], free_colocated=[], free_split=[(1, 0)] * 20, held={1: [], 2: []})
+    pp = uniform.PairPrices.of(problem, sp)
+    assert pp.bound().tolist() == [12, 8] and pp.block(np.arange(2)).tolist() == [[12, 16], [18, 12]]
+    assert uniform._disaggregated(problem, sp) == (12, ("disaggregated", 1, 1))
+
+
+def test_surplus_decode_slots_cheaper_than_free_ones_lower_each_rows_bound() -> None:
+    """Three current decode instances whose slots (price 1) are cheaper than the free ones (5): a
+    decode entry of one instance lends prefill two of them, one of two instances lends one. Each
+    prefill row's bound takes the cheapest of those lines for it (2 for two prefill instances, 1
+    for one), not the dearer (6)."""
+    problem = SimpleNamespace(entries={1: [(2, 0, 0), (1, 5, 0)], 2: [(1, 0, 0), (2, 0, 0)]}, max_instances=lambda r: 100, constant_ms=0, groups=[])
+    sp = uniform.SlotPrices(cur=[[0, 0, 3]], free_colocated=[], free_split=[(5, 0)] * 20, held={1: [], 2: [(1, 0)] * 3})
+    pp = uniform.PairPrices.of(problem, sp)
+    assert pp.block(np.arange(2)).tolist() == [[2, 6], [6, 6]] and pp.bound().tolist() == [2, 6]
+    assert uniform._disaggregated(problem, sp) == (2, ("disaggregated", 2, 1))
 
 
 def test_slot_pricing_declines_what_is_not_plain_slots() -> None:
