@@ -123,11 +123,12 @@ def test_search_bounds_never_exceed_the_exact_corner_cost() -> None:
     """The search prunes on `_lp_bound` and on the relaxed corner program: both must stay at or
     below the exact covering program's optimum at every candidate thresholds tried here."""
     from planner.backends import solve_model
-    from planner.mixed_search import _inner_model, _lp_bound
+    from planner.mixed_search import _inner_model, _lp_bound, net_of_stops
 
     rng = random.Random(3)
-    checked = 0
+    checked = stopping = 0
     for problem, prices, space in spaces(cases()[:80]):
+        net, forced = net_of_stops(problem, space.roles)
         for _ in range(3):
             kvec = space.kvec(corner(space, rng))
             exact = solve_model(_inner_model(problem, space.roles, kvec), "cbc", 10.0)
@@ -138,8 +139,37 @@ def test_search_bounds_never_exceed_the_exact_corner_cost() -> None:
             assert exact.status == "optimal", exact.status
             cost = exact.objective - problem.constant_ms
             assert bound <= cost + 1e-6 and relaxed.objective <= exact.objective, (bound, relaxed.objective, exact.objective)
+            assert forced + _lp_bound(net, kvec) <= cost + 1e-6, (forced, _lp_bound(net, kvec), cost)  # the bound net of forced stops
             checked += 1
-    assert checked >= 100, checked
+            stopping += forced > 0
+    assert checked >= 100 and stopping >= 20, (checked, stopping)  # 188 and 22 when written
+
+
+def test_the_bound_net_of_forced_stops_is_tight_where_the_mode_changes() -> None:
+    """Where a mode must stop current instances, `net_of_stops` adds what those stops cost and
+    prices starts net of a pairing: that bound stays at or below the exact corner cost (above) and
+    is often above the plain fractional bound, which leaves stops out; on random corners of the
+    oracle cases where the mode stops something, it is higher somewhere and never lower than
+    the stops alone."""
+    from planner.backends import solve_model
+    from planner.mixed_search import _inner_model, _lp_bound, net_of_stops
+
+    rng = random.Random(7)
+    higher = tried = 0
+    for problem, prices, space in spaces(cases()):
+        net, forced = net_of_stops(problem, space.roles)
+        if not forced:
+            continue
+        for _ in range(5):
+            kvec = space.kvec(corner(space, rng))
+            plain, stopped = _lp_bound(prices, kvec), forced + _lp_bound(net, kvec)
+            exact = solve_model(_inner_model(problem, space.roles, kvec), "cbc", 10.0)
+            assert exact.status in ("optimal", "infeasible"), exact.status
+            if exact.status == "optimal":
+                assert stopped <= exact.objective - problem.constant_ms + 1e-6, (forced, stopped, exact.objective - problem.constant_ms)
+            tried += 1
+            higher += stopped > plain + 1e-6
+    assert tried >= 100 and higher >= tried // 4, (tried, higher)
 
 
 def test_mixed_instances_exercise_types_degrees_and_changes() -> None:
