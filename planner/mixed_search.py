@@ -435,6 +435,7 @@ class Corner:
     tried: float = -math.inf
     relaxed: bool = False
     bounded: bool = False  # `_lp_bound` is asked for only where the floors given free do not prune
+    netted: bool = False  # the bound net of the mode's forced stops (`net_of_stops`) too, only where `_lp_bound` does not prune
 
     @property
     def cost(self) -> float:
@@ -543,11 +544,12 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         if sp.value(lo) + max(floor, c.cost) + p.constant_ms >= inc * (1.0 - gap):
             continue  # what the block inherited, or a looser corner, is bound enough
         if not c.bounded:
-            net, forced = stopped[sp.mode]
-            lower = _lp_bound(gp, kvec, pieces)
-            if forced:  # the mode stops current instances: the bound net of those stops may be higher
-                lower = max(lower, forced + _lp_bound(net, kvec, stopped_pieces[sp.mode]))
-            c.bounded, c.lower = True, max(c.lower, lower)
+            c.bounded, c.lower = True, max(c.lower, _lp_bound(gp, kvec, pieces))
+            looser[sp.mode].floors[c.at] = c.floor
+        net, forced = stopped[sp.mode]
+        if forced and not c.netted and sp.value(lo) + max(floor, c.cost) + p.constant_ms < inc * (1.0 - gap):
+            # the mode stops current instances, and the plain bound does not prune: the bound net of those stops may
+            c.netted, c.lower = True, max(c.lower, forced + _lp_bound(net, kvec, stopped_pieces[sp.mode]))
             looser[sp.mode].floors[c.at] = c.floor
         cost = max(floor, c.cost)
         if sp.value(lo) + cost + p.constant_ms >= inc * (1.0 - gap):
