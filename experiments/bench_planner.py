@@ -150,7 +150,7 @@ def walk(state: ClusterState, inputs, backend: str, evs: list[dict]) -> tuple[li
     return total, solver, optimal, cpu, proved_by
 
 
-def with_batch_per_gpu(spec: ExperimentSpec, n: int, per_gpu: float) -> ExperimentSpec:
+def with_batch_per_gpu(spec: ExperimentSpec, n: int, per_gpu: float, prog: str = "bench_planner") -> ExperimentSpec:
     """`spec` with `per_gpu` trajectories per batch for each of `n` GPUs, rounded up to whole GRPO groups.
 
     Why: the config's batch is one number at every cluster size, so a large cluster has GPUs to
@@ -164,9 +164,20 @@ def with_batch_per_gpu(spec: ExperimentSpec, n: int, per_gpu: float) -> Experime
         w = type(w).model_validate({**w.model_dump(), "trajectories_per_batch": batch})
     except ValidationError as e:
         err = e.errors()[0]
-        raise SystemExit(f"bench_planner: error: --batch-per-gpu {per_gpu:g} at {n} GPUs gives {batch} trajectories per batch; "
+        raise SystemExit(f"{prog}: error: --batch-per-gpu {per_gpu:g} at {n} GPUs gives {batch} trajectories per batch; "
                          f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}") from None
     return spec.model_copy(update={"workload": w})
+
+
+def check_batches(spec: ExperimentSpec, sizes: list[int], per_gpu: float | None, prog: str) -> None:
+    """Exit with `with_batch_per_gpu`'s one line, naming `prog`, if any size's batch is one the config refuses, before any work."""
+    for n in sizes if per_gpu else ():
+        with_batch_per_gpu(spec, n, per_gpu, prog)
+
+
+def models_at(models: ExperimentModels, n: int, per_gpu: float | None) -> ExperimentModels:
+    """The models for `n` GPUs: `models` as configured (per_gpu None), else rebuilt at `per_gpu` trajectories per GPU."""
+    return models if per_gpu is None else build_models(with_batch_per_gpu(models.spec, n, per_gpu))
 
 
 def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_events: int, seed: int, mixed: bool = False, gap: float = 0.0,
@@ -175,7 +186,7 @@ def bench(models: ExperimentModels, sizes: list[int], backends: list[str], n_eve
     None: the config's; batch_per_gpu None: the config's batch at every size, else `with_batch_per_gpu`)."""
     rows: list[dict] = []
     for n in sizes:
-        at_n = models if batch_per_gpu is None else build_models(with_batch_per_gpu(models.spec, n, batch_per_gpu))
+        at_n = models_at(models, n, batch_per_gpu)
         t0 = time.perf_counter()
         inputs = planning_inputs(at_n, n)
         slots = inputs.solver.slot_pricing if slot_pricing is None else slot_pricing
@@ -246,8 +257,7 @@ def main() -> None:
         args.out = str(ROOT / "results/bench_planner_slots.json")
     if args.batch_per_gpu and default_out:
         args.out = args.out.removesuffix(".json") + f"_per_gpu{args.batch_per_gpu:g}.json"
-    for n in args.gpus if args.batch_per_gpu else ():
-        with_batch_per_gpu(spec, n, args.batch_per_gpu)  # every size's batch checked before any is timed
+    check_batches(spec, args.gpus, args.batch_per_gpu, "bench_planner")
     models = build_models(spec)
     if args.mixed and not models.variants:
         raise SystemExit(f"--mixed needs a mixed cluster (several GPU types or TP degrees); {args.config} has one type and degree")

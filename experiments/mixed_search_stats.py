@@ -80,9 +80,7 @@ class SearchLog:
 
 
 def size_row(models, n: int, events: int, seed: int, log: SearchLog, batch_per_gpu: float | None = None) -> dict:
-    if batch_per_gpu is not None:
-        models = build_models(bp.with_batch_per_gpu(models.spec, n, batch_per_gpu))
-    inputs = planning_inputs(models, n)
+    inputs = planning_inputs(bp.models_at(models, n, batch_per_gpu), n)
     inputs = replace(inputs, solver=replace(inputs.solver, time_limit_s=10.0))
     base, evs = bp.mixed_cluster(n), bp.events(n, events, seed)
     bp.walk(base, inputs, "cbc", evs[:2])  # warm: imports, the solver's first call
@@ -120,8 +118,7 @@ def main() -> None:
     if args.batch_per_gpu and args.out == str(ROOT / "results/mixed_search_stats.json"):
         args.out = args.out.removesuffix(".json") + f"_per_gpu{args.batch_per_gpu:g}.json"
     spec = load_spec(args.config, "mixed_search_stats")
-    for n in args.gpus if args.batch_per_gpu else ():
-        bp.with_batch_per_gpu(spec, n, args.batch_per_gpu)  # every size's batch checked before any is walked
+    bp.check_batches(spec, args.gpus, args.batch_per_gpu, "mixed_search_stats")
     models = build_models(spec)
     log = SearchLog()
     log.install()

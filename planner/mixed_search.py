@@ -189,20 +189,25 @@ class GroupPrices:
                    {key: tuple(v) for key, v in slots_of.items()})
 
 
-def net_of_stops(p: MixedProblem, roles: tuple[int, ...]) -> tuple[GroupPrices, int]:
-    """A mode's second transition bound: the cost of stopping every current instance of a role it
-    does not serve (the corner program must: their slots may hold nothing), and the prices per GPU
-    of starts net of that: a start whose TP group in its group has current instances may pair with
-    a stop, which saves up to the group's largest start + stop - switch of that degree.
+def forced_stops_ms(p: MixedProblem, roles: tuple[int, ...]) -> int:
+    """What stopping every current instance of a role outside `roles` costs: a mode that serves
+    only `roles` must (the corner program lets those slots hold nothing)."""
+    return sum(g.total_cur(i) * g.stop_ms[i] for g in p.groups for i, (r, _) in enumerate(g.slots) if r not in roles)
+
+
+def net_of_stops(p: MixedProblem, gp: GroupPrices) -> GroupPrices:
+    """`gp` with each start priced net of a possible pairing with a stop: a start whose TP degree
+    has current instances in its group may pair with one, which saves up to the group's largest
+    start + stop - switch of that degree. With `forced_stops_ms` added, a mode's second
+    transition bound.
 
     Why: `GroupPrices.of` leaves stops out, so where the mode changes, the fractional bound misses
     every stop the change forces; on a 1024-GPU walk at 4 trajectories per GPU 96% of the corner
     programs that found nothing within the budget were programs this bound spares (516 of 536).
-    Sound: a layout pays those stops, each start at least its price here (paired or not; a pair
-    with a stop the mode does not force costs that stop too, left out), its other stops at least 0."""
-    gp = GroupPrices.of(p)
+    Sound: a layout pays the forced stops, each start at least its price here (paired or not; a
+    pair with a stop the mode does not force costs that stop too, left out), its other stops at
+    least 0."""
     price = gp.slot_price.copy()
-    forced = 0
     at = 0
     for g in p.groups:
         save: dict[int, int] = {}
@@ -210,12 +215,10 @@ def net_of_stops(p: MixedProblem, roles: tuple[int, ...]) -> tuple[GroupPrices, 
         for i, (_, t) in enumerate(g.slots):
             save[t] = max(save.get(t, 0), g.start_ms[i] + g.stop_ms[i] - g.switch_ms[i])
             held[t] = held.get(t, False) or g.cur[i] > 0
-        for i, (r, t) in enumerate(g.slots):
-            if r not in roles:
-                forced += g.total_cur(i) * g.stop_ms[i]
+        for i, (_, t) in enumerate(g.slots):
             price[at] = (g.start_ms[i] - (save[t] if held[t] else 0)) / t
             at += 1
-    return replace(gp, slot_price=price), forced
+    return replace(gp, slot_price=price)
 
 
 def _slot_rates(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
@@ -435,7 +438,7 @@ class Corner:
     tried: float = -math.inf
     relaxed: bool = False
     bounded: bool = False  # `_lp_bound` is asked for only where the floors given free do not prune
-    netted: bool = False  # the bound net of the mode's forced stops (`net_of_stops`) too, only where `_lp_bound` does not prune
+    netted: bool = False  # the bound net of the mode's forced stops (`net_of_stops`, `forced_stops_ms`) too, only where `_lp_bound` does not prune
 
     @property
     def cost(self) -> float:
@@ -514,8 +517,9 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
                 best_x, inc = x, v
     gp = GroupPrices.of(p)
     pieces: Pieces = {}  # `_role_pieces` per row of shares, for this search's `gp`
-    stopped = {mode: net_of_stops(p, MODE_ROLES[mode]) for mode in allowed_modes(p)}  # per mode: prices net of its forced stops, their cost
-    stopped_pieces: dict[str, Pieces] = {mode: {} for mode in stopped}
+    forced = {mode: forced_stops_ms(p, MODE_ROLES[mode]) for mode in allowed_modes(p)}  # per mode: the stops it forces
+    net = net_of_stops(p, gp) if any(forced.values()) else gp
+    net_pieces: Pieces = {}  # `_role_pieces` for `net`
     heap: list = []  # (bound, tie, space, lo, hi, a floor on the cost at hi)
     tie = 0
     for mode in allowed_modes(p):
@@ -546,10 +550,9 @@ def search_mixed(p: MixedProblem, backend: str, time_limit_s: float = 1.0, worke
         if not c.bounded:
             c.bounded, c.lower = True, max(c.lower, _lp_bound(gp, kvec, pieces))
             looser[sp.mode].floors[c.at] = c.floor
-        net, forced = stopped[sp.mode]
-        if forced and not c.netted and sp.value(lo) + max(floor, c.cost) + p.constant_ms < inc * (1.0 - gap):
+        if forced[sp.mode] and not c.netted and sp.value(lo) + max(floor, c.cost) + p.constant_ms < inc * (1.0 - gap):
             # the mode stops current instances, and the plain bound does not prune: the bound net of those stops may
-            c.netted, c.lower = True, max(c.lower, forced + _lp_bound(net, kvec, stopped_pieces[sp.mode]))
+            c.netted, c.lower = True, max(c.lower, forced[sp.mode] + _lp_bound(net, kvec, net_pieces))
             looser[sp.mode].floors[c.at] = c.floor
         cost = max(floor, c.cost)
         if sp.value(lo) + cost + p.constant_ms >= inc * (1.0 - gap):

@@ -411,6 +411,7 @@ def test_an_experiment_names_a_missing_config_in_one_line(script: str, flag: str
     ("bench_planner", "--backends", "cbc,foo", "comma-separated, of cpsat, highs, highspy, cbc, scip, pulp"),  # ran a row labelled foo
     ("bench_planner", "--batch-per-gpu", "0", "one number > 0"),
     ("bench_planner", "--batch-per-gpu", "2,4", "one number > 0"),
+    ("mixed_search_stats", "--batch-per-gpu", "0", "one number > 0"),
     ("late_returns", "--factors", "0.5,x", "comma-separated numbers > 0"),
     ("predictor_vs_sim", "--batches", "64,x", "comma-separated whole numbers")])
 def test_an_experiments_flag_is_refused_in_one_line(script: str, flag: str, value: str, allowed: str, tmp_path: Path) -> None:

@@ -3,12 +3,17 @@ large cluster is timed under the load per GPU of a small one, not with GPUs to s
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from experiments.bench_planner import bench, with_batch_per_gpu
 from models.builder import build_models
 from models.config import load_experiment
 
+ROOT = Path(__file__).resolve().parent.parent
 MIXED = "configs/experiments/mixed-elastic.yaml"  # 1,024 trajectories per batch in groups of 16
 
 
@@ -22,15 +27,6 @@ def test_the_batch_is_per_gpu_times_the_cluster_in_whole_groups() -> None:
     assert with_batch_per_gpu(spec, 4096, 4).workload.turns == spec.workload.turns  # only the batch changes
 
 
-def test_a_batch_the_config_refuses_is_one_line_naming_the_flag_and_the_field() -> None:
-    spec = load_experiment(MIXED)
-    with pytest.raises(SystemExit) as e:
-        with_batch_per_gpu(spec, 4096, 1000)  # 4,096,000 trajectories: past the config's bound
-    msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("bench_planner: error: --batch-per-gpu 1000 at 4096 GPUs gives 4096000 trajectories per batch;"), msg
-    assert "trajectories_per_batch" in msg, msg
-
-
 def test_each_size_is_planned_for_its_own_batch() -> None:
     models = build_models(load_experiment(MIXED))
     rows = bench(models, [16, 32], ["cbc"], 2, 0, mixed=True, batch_per_gpu=4)
@@ -38,3 +34,14 @@ def test_each_size_is_planned_for_its_own_batch() -> None:
     assert all(r["optimal_fraction"] == 1.0 for r in rows)
     [plain] = bench(models, [32], ["cbc"], 2, 0, mixed=True)
     assert plain["batch"] == 1024  # without the flag, the config's batch at every size
+
+
+@pytest.mark.parametrize("script", ["bench_planner", "mixed_search_stats"])
+def test_each_script_refuses_a_batch_the_config_refuses_in_its_own_name_before_any_work(script: str, tmp_path) -> None:
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, f"experiments/{script}.py", "--gpus", "16,4096", "--batch-per-gpu", "1000", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"{script}: error: --batch-per-gpu 1000 at 4096 GPUs gives 4096000 trajectories per batch; "
+                                   "trajectories_per_batch: an integer greater than 0 and less than or equal to 1000000")
+    assert not out.exists()  # refused before the 16-GPU size ran
