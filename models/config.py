@@ -433,11 +433,11 @@ class PredictorSpec(Frozen):
 
 
 class ElasticEventSpec(Frozen):
-    """Inline elastic availability: from `at_s` (wall seconds after start) `available` elastic GPUs exist."""
+    """Inline elastic availability: from `at_s` (wall seconds after the first rollout batch starts) `available` elastic GPUs exist."""
 
     at_s: Seconds
     available: Annotated[int, Range(0, MAX_GPUS)]
-    after_step: Steps | None = Field(None, description="count at_s from the start of this rollout batch instead of from the run's start")
+    after_step: Steps | None = Field(None, description="count at_s from the start of this rollout batch instead of the first one")
 
 
 class LoadChangeSpec(Frozen):

@@ -158,16 +158,19 @@ def test_a_worker_under_way_is_not_started_again(tmp_path):
 def test_mixed_cluster_runs_the_planners_kinds_each_elastic_type_on_its_own_trace(tmp_path):
     """A mixed cluster on the Ray runtime (issue 15): H800, spot H20 and spot A100, TP 1/2/4 per
     role. The runtime starts each engine at the TP degree and GPU type the plan gave it (its
-    step model is that kind's), and each elastic type follows its own SkyPilot trace."""
+    step model is that kind's), and each elastic type follows its own SkyPilot trace.
+
+    8 steps: the traces count from the first batch's start, and their H20 arrive ~6 s (233
+    virtual s) into it, after step 3 on an idle machine; 6 steps left two for the H20 to serve."""
     from models.config import load_experiment
     from runtime.offline_plan import load_typed_windows
 
     cfg = "configs/experiments/train-mixed-emulated.yaml"
     metrics = tmp_path / "m.jsonl"
-    proc = run_pearl("train", "--config", cfg, "--steps", "6", "--metrics", str(metrics), "--json", timeout=400)
+    proc = run_pearl("train", "--config", cfg, "--steps", "8", "--metrics", str(metrics), "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["steps"] == 6 and out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["lost_trajectories"] == 0
+    assert out["steps"] == 8 and out["failed_trajectories"] == [] and out["worker_failures"] == {} and out["lost_trajectories"] == 0
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     # each type's availability changes as its own trace does, in time order, one type at a time
     spec = load_experiment(ROOT / cfg)
@@ -208,16 +211,20 @@ def test_the_tracker_learns_a_slow_gpu_types_speed_from_its_engines(tmp_path):
     toward 1. Alone on the machine (2026-12-05) it learned 1.70-1.77 in five runs and 1.56 in a
     fresh clone (the old bar was 1.6); without the slowdown 0.93-1.04. At 10x it learned
     1.89-2.02, but the H20 joined a step later, and two of eight runs had no step served by both
-    types, so the test stays at 40x."""
+    types, so the test stays at 40x.
+
+    8 steps since the traces count from the first batch's start (2026-12-06): at 6 steps only
+    the last was served by both types; at 8, step 4 was in six runs, which learned 1.73-1.87
+    alone on the machine and 1.54 / 1.70 beside one busy core (null: 1.02, 1.04)."""
     cfg = tmp_path / "slow-h20.yaml"
     text = (ROOT / "configs/experiments/train-mixed-emulated.yaml").read_text()
     cfg.write_text(text.replace("  backend: emulated\n", "  backend: emulated\n  emulated_slowdown: {H20: 2.0}\n"))
     metrics = tmp_path / "m.jsonl"
-    proc = run_pearl("train", "--config", str(cfg), "--steps", "6", "--metrics", str(metrics), "--json", timeout=400)
+    proc = run_pearl("train", "--config", str(cfg), "--steps", "8", "--metrics", str(metrics), "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["record"] == "rollout_step"]
     both = [s for s in steps if {t for t, n, _, _ in s["type_seconds"] if n >= 16} >= {"H20", "H800"} and not s["disrupted"]]
-    assert both, [(s["kinds"], s["type_seconds"]) for s in steps]  # the trace brings the H20 by step 3-4
+    assert both, [(s["kinds"], s["type_seconds"]) for s in steps]  # the trace brings the H20 by step 4
     speeds = steps[-1]["type_speeds"]
     assert 1.4 <= speeds["H20"] / speeds["H800"] <= 2.4, (speeds, [s["type_seconds"] for s in both])
     assert json.loads(proc.stdout.strip().splitlines()[-1])["type_speeds"] == speeds  # the run's summary says what it learned

@@ -173,6 +173,54 @@ def test_a_load_change_reaches_the_environment():
     assert n == 7 and waited < 0.2  # the old distributions: 96 prompt tokens, 0.3 s per tool call
 
 
+def test_elastic_times_count_from_the_first_batch_not_from_the_engines_first_start():
+    """A slow first engine start must not use up the trace: a change at 0.3 s fires 0.3 s after
+    batch 0 starts, however long before that the run began (CI's mixed run lost its H20 window
+    this way), and an `after_step` change counts from its own batch."""
+    import time
+    from types import SimpleNamespace
+
+    from runtime.ray_runtime.resources import AvailabilityChange
+    from runtime.ray_runtime.scenarios import elastic_loop
+
+    fired: list[tuple[str | None, float]] = []
+
+    class Table:
+        def __init__(self) -> None:
+            self.now: dict[str | None, int] = {}
+
+        def set_elastic(self, n: int, typ: str | None) -> bool:
+            changed, self.now[typ] = self.now.get(typ) != n, n
+            return changed
+
+        def elastic_now(self) -> dict:
+            return dict(self.now)
+
+        def gone_elastic(self) -> set[str]:
+            return set()
+
+    async def nothing(*_a, **_k) -> None:
+        return None
+
+    async def run() -> dict[int, float]:
+        ctl = SimpleNamespace(t0=time.monotonic(), table=Table(), batch_started={}, log=lambda _m: None, preempt=nothing, decide=nothing,
+                              metrics=SimpleNamespace(write=lambda _r, **k: fired.append((k["gpu_type"], time.monotonic()))))
+        schedule = (AvailabilityChange(0.3, 4, gpu_type="H20"), AvailabilityChange(0.1, 8, after_step=1, gpu_type="A100"))
+        loop = asyncio.ensure_future(elastic_loop(ctl, schedule))
+        await asyncio.sleep(0.6)  # the engines' first start: longer than the change's time
+        assert not fired
+        ctl.batch_started[0] = time.monotonic()
+        await asyncio.sleep(0.5)
+        ctl.batch_started[1] = time.monotonic()
+        await asyncio.wait_for(loop, 2.0)
+        return ctl.batch_started
+
+    started = asyncio.run(run())
+    (h20, t_h20), (a100, t_a100) = fired
+    assert (h20, a100) == ("H20", "A100")
+    assert 0.3 <= t_h20 - started[0] < 0.45 and 0.1 <= t_a100 - started[1] < 0.25
+
+
 def test_a_drained_slot_switched_to_its_own_role_serves_again():
     """A plan may drain a worker and then re-role it to the role it already has (the plan was
     made while it held another): the slot must take requests again, not abort every one (which

@@ -32,7 +32,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class AvailabilityChange:
-    at_s: float  # wall seconds after the run starts (or after batch `after_step` starts)
+    at_s: float  # wall seconds after the first rollout batch starts (or batch `after_step`)
     available: int  # elastic GPUs that exist from then on (of `gpu_type` only, if given)
     after_step: int | None = None
     gpu_type: str | None = None  # `elastic_traces`: the one elastic GPU type this change moves
@@ -105,7 +105,7 @@ def ray_resources(slots: tuple[Slot, ...]) -> dict[str, float]:
 
 
 def elastic_schedule(spec: Any, elastic_gpus: int) -> tuple[AvailabilityChange, ...]:
-    """Availability changes of the elastic pool, in wall seconds after start.
+    """Availability changes of the elastic pool, in wall seconds after the first rollout batch starts.
 
     Inline `runtime.elastic_events` (the loader refuses them beside a trace); otherwise
     `elastic_traces` (one trace per elastic GPU type, each change moving that type's GPUs only)

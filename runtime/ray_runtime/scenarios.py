@@ -39,14 +39,17 @@ def apply_load_change(ctl: Any, b: int) -> bool:
 
 async def elastic_loop(ctl: Any, schedule: tuple[AvailabilityChange, ...]) -> None:
     """Follow the availability schedule: a shrink stops the workers on vanished GPUs at once
-    (their requests resume elsewhere), then the policy decides."""
+    (their requests resume elsewhere), then the policy decides.
+
+    Times count from the start of the first rollout batch (or of batch `after_step`), when the
+    initial layout serves, as the simulator's warm start does: the engines' first start takes
+    whatever the machine needs, and it must not use up the trace."""
     table = ctl.table
     for ch in schedule:
-        origin = ctl.t0
-        if ch.after_step is not None:
-            while ch.after_step not in ctl.batch_started:
-                await asyncio.sleep(0.05)
-            origin = ctl.batch_started[ch.after_step]
+        step = 0 if ch.after_step is None else ch.after_step
+        while step not in ctl.batch_started:
+            await asyncio.sleep(0.05)
+        origin = ctl.batch_started[step]
         delay = ch.at_s - (time.monotonic() - origin)
         if delay > 0:
             await asyncio.sleep(delay)
