@@ -17,7 +17,8 @@ per serving role every Q among its q (0 without a queue). Best-first over boxes 
 each bounded by its tightest corner's T + sum Q plus its loosest corner's transition cost (a
 box's points all have thresholds at most that corner's, so they cost at least its cost):
   1. `_lp_bound`: the optimum of that cost's fractional relaxation (each GPU at its slot's
-     start or switch unless a current instance keeps it), from its dual, no solver call;
+     start or switch unless a current instance keeps it, and a kept GPU that leaves its
+     instance at its share of the stop), from its dual, no solver call;
   2. for a box of at most MILP_BOX candidates, the corner's covering program, relaxed (one
      scaled row per role) and cut off at what could still beat the incumbent anywhere in the
      box: infeasible, the box goes; its layout is priced by the definition
@@ -51,7 +52,7 @@ import numpy as np
 
 from planner.backends import INF, LinearModel, solve_model
 from planner.milp import Solution
-from planner.mixed import KindTable, MixedProblem, add_group, allowed_modes, completion_ms, evaluate_mixed, first_true, seed_layouts
+from planner.mixed import KindTable, MixedGroup, MixedProblem, add_group, allowed_modes, completion_ms, evaluate_mixed, first_true, seed_layouts
 
 # boxes of more candidates than this get only the fractional bound: their corner programs (loose
 # thresholds, generous budgets) were the slow ones, and CBC overran its time limit on some.
@@ -156,7 +157,8 @@ def _space(p: MixedProblem, mode: str, cap: float, gp: GroupPrices | None = None
 class GroupPrices:
     """What the transition bound needs per group and per slot (slots of all groups, flattened,
     group by group): usable GPUs, the least a GPU of an instance started in a slot costs there,
-    and the GPUs a slot's current instances occupy (kept, they cost nothing)."""
+    the GPUs a slot's current instances occupy (kept, they cost nothing), and the least a GPU of
+    such an instance costs to leave it for another slot (its share of the stop)."""
 
     cap: np.ndarray  # per group
     slot_group: np.ndarray  # per slot
@@ -164,19 +166,22 @@ class GroupPrices:
     slot_tp: np.ndarray
     slot_occ: np.ndarray
     slot_price: np.ndarray  # per GPU: a start, or a switch where a stop pairs with it (never on a fresh group)
+    slot_leave: np.ndarray  # per GPU of a current instance: its stop net of what a pairing with a start saves
     first: np.ndarray = field(compare=False)  # per group that has slots: its first slot
     pairs: tuple[np.ndarray, np.ndarray] = field(compare=False)  # every two slots (i < j) of one group
     slots_of: dict[tuple[int, tuple[str, int]], tuple[int, ...]] = field(compare=False)  # per (role, kind): its slots
 
     @classmethod
     def of(cls, p: MixedProblem) -> GroupPrices:
-        cap, sg, sr, st, so, sk, sp = [], [], [], [], [], [], []
+        cap, sg, sr, st, so, sk, sp, sl = [], [], [], [], [], [], [], []
         for gi, g in enumerate(p.groups):
             fresh = not any(g.cur)
             cap.append(g.total_cap)
+            save = _switch_saving(g)
             for i, (r, t) in enumerate(g.slots):
                 sg.append(gi), sr.append(r), st.append(t), so.append(g.total_cur(i) * t), sk.append((g.gpu_type, t))
                 sp.append(min(g.start_ms[i], g.start_ms[i] if fresh else g.switch_ms[i]) / t)
+                sl.append(max(0, g.stop_ms[i] - save[t]) / t)
         group = np.array(sg, dtype=np.int64)
         first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.size else np.zeros(0, dtype=np.int64)
         i, j = np.triu_indices(group.size, 1)
@@ -185,8 +190,17 @@ class GroupPrices:
         for s, key in enumerate(zip(sr, sk)):
             slots_of.setdefault(key, []).append(s)
         return cls(np.array(cap, dtype=float), group, np.array(sr, dtype=np.int64), np.array(st, dtype=float),
-                   np.array(so, dtype=float), np.array(sp, dtype=float), first, (i[same], j[same]),
+                   np.array(so, dtype=float), np.array(sp, dtype=float), np.array(sl, dtype=float), first, (i[same], j[same]),
                    {key: tuple(v) for key, v in slots_of.items()})
+
+
+def _switch_saving(g: MixedGroup) -> dict[int, int]:
+    """Per TP degree of group g: the most that pairing a start with a stop there saves (start +
+    stop - switch, at least 0; `mixed.add_group`'s u)."""
+    save: dict[int, int] = {}
+    for i, (_, t) in enumerate(g.slots):
+        save[t] = max(save.get(t, 0), g.start_ms[i] + g.stop_ms[i] - g.switch_ms[i])
+    return save
 
 
 def forced_stops_ms(p: MixedProblem, roles: tuple[int, ...]) -> int:
@@ -201,8 +215,8 @@ def net_of_stops(p: MixedProblem, gp: GroupPrices) -> GroupPrices:
     start + stop - switch of that degree. With `forced_stops_ms` added, a mode's second
     transition bound.
 
-    Why: `GroupPrices.of` leaves stops out, so where the mode changes, the fractional bound misses
-    every stop the change forces; on a 1024-GPU walk at 4 trajectories per GPU 96% of the corner
+    Why: `_lp_bound` counts only the serving roles' stops, so where the mode changes, the
+    fractional bound misses every stop the change forces; on a 1024-GPU walk at 4 trajectories per GPU 96% of the corner
     programs that found nothing within the budget were programs this bound spares (516 of 536).
     Sound: a layout pays the forced stops, each start at least its price here (paired or not; a
     pair with a stop the mode does not force costs that stop too, left out), its other stops at
@@ -210,10 +224,9 @@ def net_of_stops(p: MixedProblem, gp: GroupPrices) -> GroupPrices:
     price = gp.slot_price.copy()
     at = 0
     for g in p.groups:
-        save: dict[int, int] = {}
+        save = _switch_saving(g)
         held: dict[int, bool] = {}
         for i, (_, t) in enumerate(g.slots):
-            save[t] = max(save.get(t, 0), g.start_ms[i] + g.stop_ms[i] - g.switch_ms[i])
             held[t] = held.get(t, False) or g.cur[i] > 0
         for i, (_, t) in enumerate(g.slots):
             price[at] = (g.start_ms[i] - (save[t] if held[t] else 0)) / t
@@ -251,17 +264,31 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict], pieces: Pieces | None = No
 
     The relaxation: a GPU in slot s carries w_s = 1 / (k t) of its role's batch (floor(S N / k)
     <= S N / k), is free where a current instance of that slot keeps it and costs at least the
-    slot's price per GPU otherwise (stops are left out); fractional. Its dual, for multipliers
-    a >= 0 per serving role, is
-        sum_r a_r - sum_g [ sum_kept occ_s max(a_r(s) w_s, b_g) + free_g b_g ],
+    slot's price per GPU otherwise; a kept GPU of a serving role's slot s that goes to another
+    slot pays leave_s too, its stop net of what pairing it with a start saves
+    (`GroupPrices.slot_leave`; the other roles' stops are left out); fractional. Its dual, for
+    multipliers a >= 0 per serving role, is
+        sum_r a_r - sum_g [ sum_kept occ_s max(a_r(s) w_s, b_g - leave_s) + free_g b_g ],
         b_g = max(0, max_s in g (a_r(s) w_s - price_s)),
     (each GPU takes its best use), a bound for every a by weak duality; concave and piecewise
     linear, so its maximum, the relaxation's optimum, sits where its kinks cross: per role, the
     values of a_r where a slot starts to pay (a w = price), where two of a group's slots of the
-    role tie, or where a started slot overtakes a kept one; for two roles, also the lines where
-    a P piece and a D piece of one group tie; every crossing of those with each other and with
-    the axis values is tried (`_vertices`). A slot that another of its group beats (at least the
-    share per GPU at no higher price) never sets b_g and gives no kink.
+    role tie, where a started slot overtakes a kept one, or where a kept GPU that serves no role
+    here leaves for a started slot; for two roles, also the lines where a P piece and a D piece
+    of one group tie; every crossing of those with each other and with the axis values is tried
+    (`_vertices`). A slot that another of its group beats (at least the share per GPU at no
+    higher price) never sets b_g and gives no kink.
+
+    Sound: per group and TP degree the program pays start D + stop S - save min(D, S) for D
+    starts and S stops (`mixed.add_group`'s u, save = start + stop - switch), which is at least
+    min(start, switch) D + max(0, stop - save) S: the two prices sum to at most the switch, and
+    each is at most its own (the prices are the group's per degree).
+
+    Counting those stops (2026-12-06): before, a kept GPU left for free, and in the slowest
+    4096-GPU search at 4 trajectories per GPU, 1,217 of 1,352 corner programs only proved that
+    nothing fits within the budget; sampled, their LP relaxations sat up to 6% above the bound,
+    all of it stops. On that walk's 26 recorded searches: 3,792 corner programs -> 1,933 and
+    25.9 -> 15.2 s in all; that search 8.3 -> 0.7 s, the slowest now 4.4 s (was 6.6).
 
     Pricing each slot matters: a TP4 start can cost 45 / 4 per GPU where TP1 costs 11, and a
     bound at the group's cheapest price with its best share sat 2-5% below the optimum; on the
@@ -281,12 +308,21 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict], pieces: Pieces | None = No
     parts = [_role_pieces(gp, wr, {} if pieces is None else pieces) for wr in w]
     live, kept = np.array([lv for lv, _, _ in parts]), np.array([kp for _, kp, _ in parts])
     axes = [axis for _, _, axis in parts]
+    serves = (w > 0).any(axis=0)
+    leave = _leave(gp, kvec)
+    idle = (gp.slot_occ > 0) & ~serves & (leave > 0)
+    if idle.any():  # a kept GPU that serves no role here leaves for a live slot once a w_i - p_i - leave_j = 0
+        i, j = gp.pairs
+        for r in range(len(axes)):
+            go_i, go_j = live[r, i] & idle[j], live[r, j] & idle[i]
+            more = np.concatenate([(price[i[go_i]] + leave[j[go_i]]) / w[r, i[go_i]], (price[j[go_j]] + leave[i[go_j]]) / w[r, j[go_j]]])
+            if more.size:
+                axes[r] = np.unique(np.concatenate([axes[r], more]))
     if w.shape[0] == 1:
         a = axes[0][:, None]
     else:
         a = _vertices(gp, w, live, kept, axes)
     a = a[a.min(axis=1) >= 0]
-    serves = (w > 0).any(axis=0)
     act = np.flatnonzero(serves | (occ > 0))  # the other slots add nothing
     g = sg[act]
     new_group = g[1:] != g[:-1]
@@ -294,10 +330,17 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict], pieces: Pieces | None = No
     own = a @ w[:, act]  # (candidates, slots): a GPU's value for its slot's role
     gain = np.where(serves[act], np.maximum(own - price[act], 0.0), 0.0)
     bought = np.maximum.reduceat(gain, lead, axis=1)  # (candidates, groups)
-    kept_value = (occ[act] * np.maximum(own, bought[:, np.cumsum(np.concatenate(([False], new_group)))])).sum(axis=1)
+    kept_value = (occ[act] * np.maximum(own, bought[:, np.cumsum(np.concatenate(([False], new_group)))] - leave[act])).sum(axis=1)
     free = np.maximum(gp.cap[g[lead]] - np.add.reduceat(occ[act], lead), 0.0)
     dual = a.sum(axis=1) - kept_value - bought @ free
     return max(0.0, float(dual.max()))
+
+
+def _leave(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
+    """Per slot: what a kept GPU pays to leave for another slot (`GroupPrices.slot_leave`), on
+    the serving roles' slots only: a mode's forced stops are either left out of the bound or
+    counted whole beside it (`forced_stops_ms`), never both."""
+    return np.where(np.isin(gp.slot_role, list(kvec)), gp.slot_leave, 0.0)
 
 
 def _role_pieces(gp: GroupPrices, wr: np.ndarray, memo: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -312,7 +355,7 @@ def _role_pieces(gp: GroupPrices, wr: np.ndarray, memo: Pieces) -> tuple[np.ndar
     got = memo.get(key)
     if got is not None:
         return got
-    price, (i, j) = gp.slot_price, gp.pairs
+    price, leave, (i, j) = gp.slot_price, gp.slot_leave, gp.pairs
     kp = wr * (gp.slot_occ > 0) > 0
     lv = wr > 0
     beats_i = (wr[j] >= wr[i]) & (price[j] <= price[i]) & ((wr[j] > wr[i]) | (price[j] < price[i])) & lv[j]
@@ -321,9 +364,9 @@ def _role_pieces(gp: GroupPrices, wr: np.ndarray, memo: Pieces) -> tuple[np.ndar
     lv[j[beats_j]] = False
     dw = np.where(wr[i] != wr[j], wr[i] - wr[j], np.inf)
     ties = lv[i] & lv[j]
-    over_i, over_j = lv[i] & kp[j] & (wr[i] > wr[j]), lv[j] & kp[i] & (wr[j] > wr[i])  # a w_i - p_i = a w_j
+    over_i, over_j = lv[i] & kp[j] & (wr[i] > wr[j]), lv[j] & kp[i] & (wr[j] > wr[i])  # a w_i - p_i - leave_j = a w_j
     axis = np.unique(np.concatenate([np.zeros(1), price[lv] / wr[lv], ((price[i] - price[j]) / dw)[ties],
-                                     (price[i] / dw)[over_i], (-price[j] / dw)[over_j]]))
+                                     ((price[i] + leave[j]) / dw)[over_i], (-(price[j] + leave[i]) / dw)[over_j]]))
     for a in (lv, kp, axis):
         a.flags.writeable = False
     memo[key] = (lv, kp, axis)
@@ -340,7 +383,7 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _vertices(gp: GroupPrices, w: np.ndarray, live: np.ndarray, kept: np.ndarray, axes: list[np.ndarray]) -> np.ndarray:
     """The two-role dual's candidate multipliers (a_P, a_D) (`_lp_bound`), one per row."""
-    price = gp.slot_price
+    price, leave = gp.slot_price, gp.slot_leave
     ap, ad = axes
     # the lines a_D = alpha a_P + beta where a P piece and a D piece of one group tie
     i, j = gp.pairs
@@ -348,8 +391,9 @@ def _vertices(gp: GroupPrices, w: np.ndarray, live: np.ndarray, kept: np.ndarray
     al, be = [], []
     for p_at, d_at, use in ((1.0, 1.0, live[0, sp] & live[1, sd]), (0.0, 1.0, kept[0, sp] & live[1, sd]),
                             (1.0, 0.0, live[0, sp] & kept[1, sd]), (0.0, 0.0, kept[0, sp] & kept[1, sd])):
+        # a kept GPU that goes over to a live slot of the other role also pays its leave
         al.append(w[0, sp[use]] / w[1, sd[use]])
-        be.append((d_at * price[sd[use]] - p_at * price[sp[use]]) / w[1, sd[use]])
+        be.append((d_at * (price[sd[use]] + (1 - p_at) * leave[sp[use]]) - p_at * (price[sp[use]] + (1 - d_at) * leave[sd[use]])) / w[1, sd[use]])
     al, be = np.concatenate(al), np.concatenate(be)
     i, j = _pairs(al.size)
     i, j = i[al[i] != al[j]], j[al[i] != al[j]]
