@@ -288,7 +288,8 @@ def _lp_bound(gp: GroupPrices, kvec: dict[int, dict], pieces: Pieces | None = No
     4096-GPU search at 4 trajectories per GPU, 1,217 of 1,352 corner programs only proved that
     nothing fits within the budget; sampled, their LP relaxations sat up to 6% above the bound,
     all of it stops. On that walk's 26 recorded searches: 3,792 corner programs -> 1,933 and
-    25.9 -> 15.2 s in all; that search 8.3 -> 0.7 s, the slowest now 4.4 s (was 6.6).
+    25.9 -> 15.2 s in all; that search 8.3 -> 0.7 s, the slowest now 4.4 s (was 6.6). At 256
+    and 1024 GPUs about the same.
 
     Pricing each slot matters: a TP4 start can cost 45 / 4 per GPU where TP1 costs 11, and a
     bound at the group's cheapest price with its best share sat 2-5% below the optimum; on the
