@@ -216,8 +216,9 @@ def net_of_stops(p: MixedProblem, gp: GroupPrices) -> GroupPrices:
     transition bound.
 
     Why: `_lp_bound` counts only the serving roles' stops, so where the mode changes, the
-    fractional bound misses every stop the change forces; on a 1024-GPU walk at 4 trajectories per GPU 96% of the corner
-    programs that found nothing within the budget were programs this bound spares (516 of 536).
+    fractional bound misses every stop the change forces; on a 1024-GPU walk at 4 trajectories
+    per GPU 96% of the corner programs that found nothing within the budget were programs this
+    bound spares (516 of 536).
     Sound: a layout pays the forced stops, each start at least its price here (paired or not; a
     pair with a stop the mode does not force costs that stop too, left out), its other stops at
     least 0."""
