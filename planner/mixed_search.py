@@ -342,7 +342,9 @@ def _leave(gp: GroupPrices, kvec: dict[int, dict]) -> np.ndarray:
     """Per slot: what a kept GPU pays to leave for another slot (`GroupPrices.slot_leave`), on
     the serving roles' slots only: a mode's forced stops are either left out of the bound or
     counted whole beside it (`forced_stops_ms`), never both."""
-    return np.where(np.isin(gp.slot_role, list(kvec)), gp.slot_leave, 0.0)
+    serving = np.zeros(3, dtype=bool)  # per role (C, P, D); a lookup, not np.isin: this runs once per bound
+    serving[list(kvec)] = True
+    return np.where(serving[gp.slot_role], gp.slot_leave, 0.0)
 
 
 def _role_pieces(gp: GroupPrices, wr: np.ndarray, memo: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
