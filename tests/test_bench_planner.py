@@ -3,6 +3,7 @@ large cluster is timed under the load per GPU of a small one, not with GPUs to s
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,18 @@ def test_each_script_refuses_a_batch_the_config_refuses_in_its_own_name_before_a
     assert proc.stderr.strip() == (f"{script}: error: --batch-per-gpu 1000 at 4096 GPUs gives 4096000 trajectories per batch; "
                                    "trajectories_per_batch: an integer greater than 0 and less than or equal to 1000000")
     assert not out.exists()  # refused before the 16-GPU size ran
+
+
+def test_search_stats_time_the_native_solver_inside_each_decision(tmp_path) -> None:
+    """mixed_search_stats' `native_solve_ms`: the part of a decision spent in CP-SAT's native
+    solve, timed per decision around the planner's own solver calls (run apart: the script
+    patches the planner's modules for its run)."""
+    out = tmp_path / "stats.json"
+    proc = subprocess.run([sys.executable, "experiments/mixed_search_stats.py", "--gpus", "16,64", "--events", "4", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    for r in rows:
+        assert 0.0 <= r["native_solve_ms_p50"] <= r["native_solve_ms_p95"] <= r["decision_ms_p95"]
+        assert (r["native_solve_ms_p95"] > 0.0) == (r["programs_total"] > 0)
+    assert rows[1]["programs_total"] > 0  # 64 GPUs: programs were solved, and timed
