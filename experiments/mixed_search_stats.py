@@ -1,6 +1,6 @@
 """Where the mixed program's decisions spend their work, per cluster size: the searches' corner
 programs and fractional bounds, the usable GPUs, the table entries left after the entry
-pruning, and the time outside the search.
+pruning, the time inside CP-SAT's native solve of the programs, and the time outside the search.
 
 Why: `bench_planner.py --mixed` times whole decisions; this says why one size is slow and another
 fast. It walks the same seeded events (`bench_planner.walk`, CBC, the default backend) and counts
@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from ortools.sat.python import cp_model_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,8 +33,6 @@ import bench_planner as bp  # noqa: E402
 from experiments.cli_args import int_list, load_spec, one_int, one_positive  # noqa: E402
 from models.builder import build_models  # noqa: E402
 from models.config import repo_relative  # noqa: E402
-from ortools.sat.python import cp_model_helper  # noqa: E402
-
 from planner import mixed_search  # noqa: E402
 from planner.inputs import planning_inputs  # noqa: E402
 from planner.policies import get_policy  # noqa: E402
