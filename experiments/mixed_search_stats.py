@@ -73,7 +73,7 @@ class SearchLog:
                                   "entries": [sum(kt.k.size for kt in rk.kinds) for rk in p.roles]})
             return out
 
-        log = self
+        log, native = self, cp_model_helper.SolveWrapper
 
         class TimedSolveWrapper:
             """cp_model_helper.SolveWrapper, timing its native solve (the planner builds one per program)."""
@@ -91,7 +91,6 @@ class SearchLog:
                 finally:
                     log.native_ms[log.decision] = log.native_ms.get(log.decision, 0.0) + (time.perf_counter() - t0) * 1000.0
 
-        native = cp_model_helper.SolveWrapper
         cp_model_helper.SolveWrapper = TimedSolveWrapper
 
         def counted_decide(pol, *a, **k):
